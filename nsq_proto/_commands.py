@@ -1,0 +1,195 @@
+"""Encoders for every client command of the TCP protocol, standard and partitioned.
+
+Each function returns the exact bytes to write.  Arguments are validated here, so that a bad
+name or size becomes a :class:`LocalProtocolError` at the call site instead of a fatal error
+frame and a dropped connection later.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ._errors import LocalProtocolError
+from ._names import check_channel, check_topic
+
+__all__ = [
+    "MAGIC_V2",
+    "identify",
+    "auth",
+    "sub",
+    "sub_ordered",
+    "sub_advanced",
+    "pub",
+    "mpub",
+    "dpub",
+    "pub_trace",
+    "mpub_trace",
+    "rdy",
+    "fin",
+    "req",
+    "touch",
+    "cls",
+    "nop",
+    "NOP",
+    "CLS",
+]
+
+MAGIC_V2 = b"  V2"
+NOP = b"NOP\n"
+CLS = b"CLS\n"
+
+_U32 = struct.Struct(">I")
+_pack_u32 = _U32.pack
+_U64 = struct.Struct(">Q")
+_U32_MAX = 0xFFFFFFFF
+_U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+
+def _body(data: bytes) -> bytes:
+    return _pack_u32(len(data)) + data
+
+
+def _check_body(body: bytes, what: str = "message body") -> bytes:
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise LocalProtocolError(f"{what} must be bytes, not {type(body).__name__}")
+    body = bytes(body)
+    if not body:
+        raise LocalProtocolError(f"{what} must not be empty (nsqd refuses empty messages)")
+    return body
+
+
+def _partition_suffix(partition: int | None) -> bytes:
+    if partition is None:
+        return b""
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise LocalProtocolError(f"partition must be a non-negative int, not {partition!r}")
+    return b" %d" % partition
+
+
+def _check_id(msg_id: bytes) -> bytes:
+    if not isinstance(msg_id, bytes) or len(msg_id) != 16:
+        raise LocalProtocolError(f"a message id is 16 bytes, got {msg_id!r}")
+    return msg_id
+
+
+def _check_trace_id(trace_id: int) -> int:
+    if isinstance(trace_id, bool) or not isinstance(trace_id, int) or not 0 <= trace_id <= _U64_MAX:
+        raise LocalProtocolError(f"trace id must be an unsigned 64-bit int, not {trace_id!r}")
+    return trace_id
+
+
+def identify(body: Mapping[str, Any]) -> bytes:
+    """``IDENTIFY\\n`` + size + compact JSON (keys in the given order)."""
+    data = json.dumps(dict(body), separators=(",", ":")).encode()
+    return b"IDENTIFY\n" + _body(data)
+
+
+def auth(secret: bytes | str) -> bytes:
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not secret:
+        raise LocalProtocolError("AUTH secret must not be empty")
+    return b"AUTH\n" + _body(bytes(secret))
+
+
+def _sub(name: bytes, topic: str, channel: str, partition: int | None) -> bytes:
+    check_topic(topic)
+    check_channel(channel)
+    return b"%s %s %s%s\n" % (name, topic.encode(), channel.encode(), _partition_suffix(partition))
+
+
+def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
+    return _sub(b"SUB", topic, channel, partition)
+
+
+def sub_ordered(topic: str, channel: str, partition: int | None = None) -> bytes:
+    """Ordered subscription of the partitioned server (the command is ``SUB_ORDERED``)."""
+    return _sub(b"SUB_ORDERED", topic, channel, partition)
+
+
+def sub_advanced(topic: str, channel: str, partition: int | None = None) -> bytes:
+    """``SUB_ADVANCED`` without a start position: normal delivery with queue positions."""
+    return _sub(b"SUB_ADVANCED", topic, channel, partition)
+
+
+def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
+    check_topic(topic)
+    body = _check_body(body)
+    return b"PUB %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(body)
+
+
+def _mpub_payload(items: Sequence[bytes]) -> bytes:
+    parts = [_pack_u32(len(items))]
+    for item in items:
+        parts.append(_pack_u32(len(item)))
+        parts.append(item)
+    return b"".join(parts)
+
+
+def mpub(topic: str, bodies: Iterable[bytes], partition: int | None = None) -> bytes:
+    check_topic(topic)
+    items = [_check_body(b) for b in bodies]
+    if not items:
+        raise LocalProtocolError("MPUB needs at least one message")
+    return b"MPUB %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(
+        _mpub_payload(items)
+    )
+
+
+def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+    check_topic(topic)
+    body = _check_body(body)
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
+        raise LocalProtocolError(f"DPUB delay must be a non-negative int of ms, not {delay_ms!r}")
+    return b"DPUB %s %d\n" % (topic.encode(), delay_ms) + _body(body)
+
+
+def pub_trace(topic: str, trace_id: int, body: bytes, partition: int | None = None) -> bytes:
+    """``PUB_TRACE``: the body is prefixed with the 8-byte trace id (counted in the size)."""
+    check_topic(topic)
+    body = _check_body(body)
+    payload = _U64.pack(_check_trace_id(trace_id)) + body
+    return b"PUB_TRACE %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(payload)
+
+
+def mpub_trace(
+    topic: str, items: Iterable[tuple[int, bytes]], partition: int | None = None
+) -> bytes:
+    check_topic(topic)
+    parts = [_U64.pack(_check_trace_id(t)) + _check_body(b) for t, b in items]
+    if not parts:
+        raise LocalProtocolError("MPUB_TRACE needs at least one message")
+    return b"MPUB_TRACE %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(
+        _mpub_payload(parts)
+    )
+
+
+def rdy(count: int) -> bytes:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise LocalProtocolError(f"RDY count must be a non-negative int, not {count!r}")
+    return b"RDY %d\n" % count
+
+
+def fin(msg_id: bytes) -> bytes:
+    return b"FIN " + _check_id(msg_id) + b"\n"
+
+
+def req(msg_id: bytes, delay_ms: int = 0) -> bytes:
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
+        raise LocalProtocolError(f"REQ delay must be a non-negative int of ms, not {delay_ms!r}")
+    return b"REQ " + _check_id(msg_id) + b" %d\n" % delay_ms
+
+
+def touch(msg_id: bytes) -> bytes:
+    return b"TOUCH " + _check_id(msg_id) + b"\n"
+
+
+def cls() -> bytes:
+    return CLS
+
+
+def nop() -> bytes:
+    return NOP

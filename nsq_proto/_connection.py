@@ -1,0 +1,500 @@
+"""One client connection to nsqd, as a pure state machine.
+
+Three things drive it, each taking ``now`` (seconds on the caller's monotonic clock):
+
+* transport events: :meth:`Connection.connection_made`, :meth:`receive_data`,
+  :meth:`tls_established`, :meth:`connection_lost`;
+* commands from the application or a consumer/producer core: :meth:`subscribe`, :meth:`ready`,
+  :meth:`finish`, :meth:`requeue`, :meth:`touch`, :meth:`publish` and friends, :meth:`close`;
+* the timer: :meth:`handle_timer` once :meth:`next_deadline` has passed.
+
+Everything it wants done comes out of one ordered queue, :meth:`next_output`: :class:`Send`,
+:class:`StartTLS` and :class:`Close` actions for the adapter, and events for the application.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from . import _commands as cmd
+from ._compress import Codec, make_codec
+from ._config import ConnectionConfig
+from ._errors import (
+    AuthRequired,
+    ConnectionClosedError,
+    LocalProtocolError,
+    NSQError,
+    ReadTimeout,
+    RemoteProtocolError,
+    ServerError,
+)
+from ._events import (
+    CloseWaitReceived,
+    ConnectionClosed,
+    ConnId,
+    ErrorReceived,
+    HeartbeatReceived,
+    MessageReceived,
+    PublishFailed,
+    PublishSucceeded,
+    Ready,
+    Subscribed,
+)
+from ._features import (
+    AuthResult,
+    NegotiatedFeatures,
+    parse_auth_response,
+    parse_identify_response,
+    parse_trace_receipt,
+)
+from ._frames import CLOSE_WAIT, HEARTBEAT, OK, FrameDecoder
+from ._message import STANDARD_LAYOUT, MessageLayout, decode_message
+from ._outputs import Close, Output, Send, StartTLS
+from ._state import HANDSHAKE_STATES, Command, ConnectionState, check_command
+
+__all__ = ["Connection", "NON_FATAL_ERRORS", "parse_error_frame"]
+
+#: the only error codes after which nsqd keeps the connection open (client guide, TCP spec)
+NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+
+_S = ConnectionState
+_MESSAGE = 2
+_ERROR = 1
+_CAN_RECEIVE_MESSAGES = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
+
+# kinds of requests that wait for a response frame, in FIFO order
+_SUB = 0
+_PUB = 1
+_TRACE = 2
+_CLS = 3
+
+
+def parse_error_frame(data: bytes) -> tuple[str, str]:
+    """Split the data of an error frame into its code and description."""
+    text = data.decode("utf-8", "replace")
+    code, _, rest = text.partition(" ")
+    return code, rest
+
+
+def _ms(seconds: float) -> int:
+    if seconds < 0:
+        raise LocalProtocolError(f"a delay cannot be negative: {seconds!r}")
+    return round(seconds * 1000)
+
+
+class Connection:
+    """The client side of one nsqd TCP connection."""
+
+    def __init__(self, config: ConnectionConfig | None = None, conn_id: ConnId = 0) -> None:
+        self.config = config if config is not None else ConnectionConfig()
+        self.conn_id = conn_id
+        self.state = _S.INIT
+        self.features: NegotiatedFeatures | None = None
+        self.auth: AuthResult | None = None
+        self.layout: MessageLayout = STANDARD_LAYOUT
+        self._decoder = FrameDecoder(self.config.max_frame_size)
+        self._codec: Codec | None = None
+        self._outputs: deque[Output] = deque()
+        self._wbuf = bytearray()
+        self._pending: deque[tuple[int, int]] = deque()
+        self._next_request_id = 1
+        self._read_deadline: float | None = None
+        self._switched: bytes | None = None
+
+    # ------------------------------------------------------------------ outputs
+
+    def next_output(self) -> Output | None:
+        """The next action or event, in order; None when there is nothing left."""
+        if not self._outputs:
+            self._flush()
+            if not self._outputs:
+                return None
+        return self._outputs.popleft()
+
+    def outputs(self) -> list[Output]:
+        """Drain every queued action and event."""
+        self._flush()
+        out = list(self._outputs)
+        self._outputs.clear()
+        return out
+
+    def _send(self, data: bytes) -> None:
+        self._wbuf += data
+
+    def _flush(self) -> None:
+        if self._wbuf:
+            data = bytes(self._wbuf)
+            self._wbuf.clear()
+            if self._codec is not None:
+                data = self._codec.compress(data)
+            self._outputs.append(Send(self.conn_id, data))
+
+    def _emit(self, item: Output) -> None:
+        if self._wbuf:
+            self._flush()
+        self._outputs.append(item)
+
+    # ------------------------------------------------------------------ timers
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`handle_timer` must next be called (None: no timer)."""
+        return self._read_deadline
+
+    def handle_timer(self, now: float) -> None:
+        """Fire what is due at ``now``; calling early does nothing."""
+        deadline = self._read_deadline
+        if deadline is not None and now >= deadline and self.state is not _S.CLOSED:
+            timeout = self.config.effective_read_timeout
+            self._fail(ReadTimeout(f"nothing received from nsqd for {timeout} s"), "read timeout")
+
+    def _touch_read_deadline(self, now: float) -> None:
+        rt = self.config.effective_read_timeout
+        self._read_deadline = None if rt is None else now + rt
+
+    # ------------------------------------------------------------------ transport events
+
+    def connection_made(self, now: float) -> None:
+        """The TCP connection is up: queue the magic and IDENTIFY."""
+        if self.state is not _S.INIT:
+            raise LocalProtocolError(f"connection_made in state {self.state.value}")
+        self._send(cmd.MAGIC_V2 + cmd.identify(self.config.identify_body()))
+        self.state = _S.IDENTIFYING
+        self._touch_read_deadline(now)
+
+    def tls_established(self, now: float) -> None:
+        """The adapter finished the TLS handshake asked for by :class:`StartTLS`."""
+        if self.state is not _S.TLS_HANDSHAKE:
+            raise LocalProtocolError(f"tls_established in state {self.state.value}")
+        self.state = _S.TLS_RESPONSE
+        self._touch_read_deadline(now)
+
+    def connection_lost(self, now: float, error: BaseException | None = None) -> None:
+        """The transport closed (EOF or error)."""
+        if self.state is _S.CLOSED:
+            return
+        if error is None and self.state is _S.CLOSE_WAIT and not self._pending:
+            self._finish("closed by nsqd after CLOSE_WAIT", None, send_close=False)
+            return
+        reason = "connection lost" if error is None else f"connection lost: {error}"
+        exc = ConnectionClosedError(reason)
+        if error is not None:
+            exc.__cause__ = error
+        self._finish(reason, exc, send_close=False)
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Bytes read from the transport (after TLS, before decompression)."""
+        state = self.state
+        if state is _S.CLOSED:
+            return
+        if state is _S.INIT or state is _S.TLS_HANDSHAKE:
+            raise LocalProtocolError(f"receive_data in state {state.value}")
+        rt = self.config.effective_read_timeout
+        self._read_deadline = None if rt is None else now + rt
+        try:
+            if self._codec is not None:
+                data = self._codec.decompress(data)
+            self._process(data)
+        except RemoteProtocolError as exc:
+            self._fail(exc, f"protocol error: {exc}")
+            raise
+
+    # ------------------------------------------------------------------ frame handling
+
+    def _process(self, data: bytes) -> None:
+        while self.state in HANDSHAKE_STATES:
+            # one frame at a time: the bytes after a response may change meaning
+            # (TLS records, compressed data)
+            frames = self._decoder.feed(data, limit=1)
+            data = b""
+            if not frames:
+                return
+            self._handshake_frame(*frames[0])
+            if self.state is _S.TLS_HANDSHAKE or self.state is _S.CLOSED:
+                return
+            switched = self._switched
+            if switched is not None:
+                self._switched = None
+                data = switched
+        frames = self._decoder.feed(data)
+        conn_id = self.conn_id
+        layout = self.layout
+        outputs = self._outputs
+        for frame_type, payload in frames:
+            if frame_type == _MESSAGE:
+                if self.state not in _CAN_RECEIVE_MESSAGES:
+                    raise RemoteProtocolError(
+                        f"message frame in state {self.state.value} (not subscribed)"
+                    )
+                message = decode_message(payload, layout)
+                if self._wbuf:
+                    self._flush()
+                outputs.append(MessageReceived(conn_id, message))
+            elif frame_type == _ERROR:
+                self._error_frame(payload)
+                if self.state is _S.CLOSED:
+                    return
+            else:
+                self._response(payload)
+
+    def _handshake_frame(self, frame_type: int, payload: bytes) -> None:
+        if frame_type == _ERROR:
+            self._error_frame(payload)
+            return
+        if frame_type == _MESSAGE:
+            raise RemoteProtocolError(f"message frame during the handshake ({self.state.value})")
+        if payload == HEARTBEAT:
+            self._heartbeat()
+            return
+        state = self.state
+        if state is _S.IDENTIFYING:
+            features = parse_identify_response(payload)
+            self._check_features(features)
+            self.features = features
+            if features.tls_v1:
+                self.state = _S.TLS_HANDSHAKE
+                self._emit(StartTLS(self.conn_id, self._decoder.take_buffered()))
+                return
+            self._start_compression()
+        elif state is _S.TLS_RESPONSE:
+            if payload != OK:
+                raise RemoteProtocolError(
+                    f"expected OK after the TLS handshake, got {payload[:40]!r}"
+                )
+            self._start_compression()
+        elif state is _S.COMPRESSION_RESPONSE:
+            if payload != OK:
+                raise RemoteProtocolError(
+                    f"expected OK after switching on compression, got {payload[:40]!r}"
+                )
+            self._after_upgrades()
+        elif state is _S.AUTHENTICATING:
+            self.auth = parse_auth_response(payload)
+            self._ready()
+
+    def _check_features(self, features: NegotiatedFeatures) -> None:
+        cfg = self.config
+        if features.tls_v1 and not cfg.tls_v1:
+            raise RemoteProtocolError("nsqd enabled TLS, which was not asked for")
+        if features.snappy and not cfg.snappy:
+            raise RemoteProtocolError("nsqd enabled snappy, which was not asked for")
+        if features.deflate and not cfg.deflate:
+            raise RemoteProtocolError("nsqd enabled deflate, which was not asked for")
+        if features.snappy and features.deflate:
+            raise RemoteProtocolError("nsqd enabled both snappy and deflate")
+
+    def _start_compression(self) -> None:
+        features = self.features
+        assert features is not None
+        level = features.deflate_level if 1 <= features.deflate_level <= 9 else 6
+        codec = make_codec(features.snappy, features.deflate, level)
+        if codec is None:
+            self._after_upgrades()
+            return
+        self._flush()  # bytes queued so far were meant to go out uncompressed
+        self._codec = codec
+        self.state = _S.COMPRESSION_RESPONSE
+        # bytes already read after the switch point are compressed: decode them before going on
+        rest = self._decoder.take_buffered()
+        self._switched = codec.decompress(rest) if rest else None
+
+    def _after_upgrades(self) -> None:
+        features = self.features
+        assert features is not None
+        if features.auth_required:
+            secret = self.config.auth_secret
+            if not secret:
+                self._fail(
+                    AuthRequired("nsqd requires AUTH and no auth secret is configured"),
+                    "auth required",
+                )
+                return
+            self._send(cmd.auth(secret))
+            self.state = _S.AUTHENTICATING
+            return
+        self._ready()
+
+    def _ready(self) -> None:
+        self.state = _S.READY
+        features = self.features
+        assert features is not None
+        if features.partitioned:
+            self.layout = MessageLayout(binary_id=True)
+        self._emit(Ready(self.conn_id, features, self.auth))
+
+    def _heartbeat(self) -> None:
+        self._send(cmd.NOP)
+        self._emit(HeartbeatReceived(self.conn_id))
+
+    def _response(self, payload: bytes) -> None:
+        if payload == HEARTBEAT:
+            self._heartbeat()
+            return
+        if not self._pending:
+            raise RemoteProtocolError(f"unexpected response frame {payload[:40]!r}")
+        kind, request_id = self._pending.popleft()
+        if kind == _PUB:
+            if payload != OK:
+                raise RemoteProtocolError(f"expected OK to a publish, got {payload[:40]!r}")
+            self._emit(PublishSucceeded(self.conn_id, request_id))
+        elif kind == _TRACE:
+            self._emit(PublishSucceeded(self.conn_id, request_id, parse_trace_receipt(payload)))
+        elif kind == _SUB:
+            if payload != OK:
+                raise RemoteProtocolError(f"expected OK to SUB, got {payload[:40]!r}")
+            if self.state is _S.SUBSCRIBING:
+                self.state = _S.SUBSCRIBED
+            self._emit(Subscribed(self.conn_id))
+        else:  # _CLS
+            if payload != CLOSE_WAIT:
+                raise RemoteProtocolError(f"expected CLOSE_WAIT to CLS, got {payload[:40]!r}")
+            self.state = _S.CLOSE_WAIT
+            self._emit(CloseWaitReceived(self.conn_id))
+
+    def _error_frame(self, payload: bytes) -> None:
+        code, text = parse_error_frame(payload)
+        if code in NON_FATAL_ERRORS:
+            self._emit(ErrorReceived(self.conn_id, code, text, False))
+            return
+        self._emit(ErrorReceived(self.conn_id, code, text, True))
+        self._fail(ServerError(code, text, True), f"nsqd error {code}")
+
+    # ------------------------------------------------------------------ closing
+
+    def _fail(self, error: NSQError, reason: str) -> None:
+        if self.state is _S.CLOSED:
+            return
+        self._finish(reason, error, send_close=True)
+
+    def _finish(self, reason: str, error: NSQError | None, *, send_close: bool) -> None:
+        self.state = _S.CLOSED
+        self._read_deadline = None
+        self._wbuf.clear()  # nothing more goes out on a finished connection
+        first = True
+        while self._pending:
+            kind, request_id = self._pending.popleft()
+            if kind in (_PUB, _TRACE):
+                if first and isinstance(error, ServerError):
+                    failure: NSQError = error
+                else:
+                    failure = ConnectionClosedError(
+                        f"connection closed before the answer: {reason}"
+                    )
+                self._emit(PublishFailed(self.conn_id, request_id, failure))
+            first = False
+        if send_close:
+            self._emit(Close(self.conn_id, reason))
+        self._emit(ConnectionClosed(self.conn_id, reason, error))
+
+    def close(self, reason: str = "closed by the application") -> None:
+        """Close now, without CLS.  Pending publishes fail with ConnectionClosedError."""
+        if self.state is _S.CLOSED:
+            return
+        self._flush()  # commands already issued (FIN, ...) still go out before the close
+        self._finish(reason, None, send_close=True)
+
+    # ------------------------------------------------------------------ commands
+
+    def _request_id(self) -> int:
+        rid = self._next_request_id
+        self._next_request_id = rid + 1
+        return rid
+
+    def subscribe(
+        self,
+        topic: str,
+        channel: str,
+        partition: int | None = None,
+        *,
+        ordered: bool = False,
+    ) -> None:
+        """SUB (or SUB_ORDERED on the partitioned server)."""
+        check_command(self.state, Command.SUB)
+        features = self.features
+        partitioned = features is not None and features.partitioned
+        if ordered:
+            if not partitioned:
+                raise LocalProtocolError("ordered subscriptions need the partitioned server")
+            data = cmd.sub_ordered(topic, channel, partition)
+        else:
+            data = cmd.sub(topic, channel, partition)
+        if partitioned:
+            self.layout = MessageLayout(
+                binary_id=True,
+                ext_header=self.config.extend_support,
+                queue_position=ordered,
+            )
+        self._send(data)
+        self._pending.append((_SUB, 0))
+        self.state = _S.SUBSCRIBING
+
+    def ready(self, count: int) -> None:
+        check_command(self.state, Command.RDY)
+        features = self.features
+        max_rdy = features.max_rdy_count if features is not None else 2500
+        if count > max_rdy:
+            raise LocalProtocolError(f"RDY {count} is above nsqd's max_rdy_count {max_rdy}")
+        self._send(cmd.rdy(count))
+
+    def finish(self, msg_id: bytes) -> None:
+        check_command(self.state, Command.ANSWER)
+        self._send(cmd.fin(msg_id))
+
+    def requeue(self, msg_id: bytes, delay: float = 0.0) -> None:
+        """REQ with a delay in seconds (0: requeue at once)."""
+        check_command(self.state, Command.ANSWER)
+        self._send(cmd.req(msg_id, _ms(delay)))
+
+    def touch(self, msg_id: bytes) -> None:
+        check_command(self.state, Command.ANSWER)
+        self._send(cmd.touch(msg_id))
+
+    def nop(self) -> None:
+        check_command(self.state, Command.NOP)
+        self._send(cmd.NOP)
+
+    def start_close(self) -> None:
+        """Send CLS: nsqd stops sending messages and answers CLOSE_WAIT."""
+        check_command(self.state, Command.CLS)
+        self._send(cmd.CLS)
+        self._pending.append((_CLS, 0))
+        self.state = _S.CLOSING
+
+    def _publish(self, data: bytes, kind: int = _PUB) -> int:
+        check_command(self.state, Command.PUB)
+        rid = self._request_id()
+        self._send(data)
+        self._pending.append((kind, rid))
+        return rid
+
+    def publish(self, topic: str, body: bytes, partition: int | None = None) -> int:
+        """PUB; returns the request id that the PublishSucceeded/PublishFailed event carries."""
+        return self._publish(cmd.pub(topic, body, partition))
+
+    def publish_many(
+        self, topic: str, bodies: Iterable[bytes], partition: int | None = None
+    ) -> int:
+        return self._publish(cmd.mpub(topic, bodies, partition))
+
+    def publish_deferred(self, topic: str, body: bytes, delay: float) -> int:
+        """DPUB with a delay in seconds (standard nsqd only)."""
+        features = self.features
+        if features is not None and features.partitioned:
+            raise LocalProtocolError("the partitioned server has no DPUB")
+        return self._publish(cmd.dpub(topic, _ms(delay), body))
+
+    def publish_traced(
+        self, topic: str, body: bytes, trace_id: int, partition: int | None = None
+    ) -> int:
+        """PUB_TRACE (partitioned server); PublishSucceeded carries the TraceReceipt."""
+        return self._publish(cmd.pub_trace(topic, trace_id, body, partition), _TRACE)
+
+    def publish_many_traced(
+        self, topic: str, items: Iterable[tuple[int, bytes]], partition: int | None = None
+    ) -> int:
+        return self._publish(cmd.mpub_trace(topic, items, partition), _TRACE)
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests sent and not yet answered (SUB, publishes, CLS)."""
+        return len(self._pending)

@@ -1,0 +1,101 @@
+"""Events: what the core tells the application happened."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import NSQError
+from ._features import AuthResult, NegotiatedFeatures, TraceReceipt
+from ._message import Message
+
+__all__ = [
+    "Event",
+    "ConnId",
+    "Ready",
+    "Subscribed",
+    "MessageReceived",
+    "HeartbeatReceived",
+    "PublishSucceeded",
+    "PublishFailed",
+    "ErrorReceived",
+    "CloseWaitReceived",
+    "ConnectionClosed",
+]
+
+ConnId = int
+
+
+class Event:
+    """Base class of every event.  Events are frozen dataclasses with slots."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ready(Event):
+    """The handshake (IDENTIFY, TLS, compression, AUTH) is complete: commands may flow."""
+
+    conn_id: ConnId
+    features: NegotiatedFeatures
+    auth: AuthResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed(Event):
+    """nsqd answered ``OK`` to the SUB (or SUB_ORDERED) of this connection."""
+
+    conn_id: ConnId
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived(Event):
+    conn_id: ConnId
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReceived(Event):
+    """nsqd sent ``_heartbeat_``; the core has already queued the ``NOP`` reply."""
+
+    conn_id: ConnId
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSucceeded(Event):
+    conn_id: ConnId
+    request_id: int
+    #: the traced-publish receipt for PUB_TRACE/MPUB_TRACE, else None
+    receipt: TraceReceipt | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishFailed(Event):
+    conn_id: ConnId
+    request_id: int
+    error: NSQError
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReceived(Event):
+    """nsqd sent an error frame.  When ``fatal`` the connection is closed after it."""
+
+    conn_id: ConnId
+    code: str
+    text: str
+    fatal: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CloseWaitReceived(Event):
+    """nsqd acknowledged CLS: it sends no new messages; in-flight ones may still be answered."""
+
+    conn_id: ConnId
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed(Event):
+    """The connection is finished.  ``error`` is None for an orderly close."""
+
+    conn_id: ConnId
+    reason: str
+    error: NSQError | None = None

@@ -1,0 +1,140 @@
+"""Decoding of message frames (standard and partitioned layouts)."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ._errors import RemoteProtocolError
+
+__all__ = [
+    "Message",
+    "MessageLayout",
+    "decode_message",
+    "encode_message_data",
+    "MESSAGE_HEADER_SIZE",
+]
+
+#: timestamp:i64 | attempts:u16 | id:16
+MESSAGE_HEADER_SIZE = 26
+_TS_ATTEMPTS = struct.Struct(">qH")
+_unpack_ts_attempts = _TS_ATTEMPTS.unpack_from
+_U16 = struct.Struct(">H")
+_POSITION = struct.Struct(">QI")
+_U64 = struct.Struct(">Q")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageLayout:
+    """Which optional parts a message frame carries on a given connection.
+
+    Standard nsqd never sends any of them.  The partitioned server sends the extension header
+    when the client identified ``extend_support`` on an extended topic, and the 12-byte queue
+    position after ``SUB_ORDERED``/``SUB_ADVANCED``.
+    """
+
+    #: the 16-byte id is ``internal_id:u64 | trace_id:u64`` (partitioned server)
+    binary_id: bool = False
+    #: ``ext_ver:u8 [ext_len:u16 ext]`` follows the 26-byte header
+    ext_header: bool = False
+    #: ``queue_offset:u64 | raw_size:u32`` follows (the extension header, if any)
+    queue_position: bool = False
+
+
+STANDARD_LAYOUT = MessageLayout()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as nsqd delivered it.  ``id`` is opaque: echo it in FIN/REQ/TOUCH."""
+
+    id: bytes
+    timestamp: int
+    attempts: int
+    body: bytes
+    #: second half of the id, when the connection speaks the partitioned protocol
+    trace_id: int | None = None
+    #: first half of the id, when the connection speaks the partitioned protocol
+    internal_id: int | None = None
+    ext_version: int | None = None
+    ext_data: bytes | None = None
+    queue_offset: int | None = None
+    raw_size: int | None = None
+
+
+def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Message:
+    """Decode the data of a message frame; a truncated frame is a :class:`RemoteProtocolError`."""
+    if len(data) < MESSAGE_HEADER_SIZE:
+        raise RemoteProtocolError(
+            f"message frame of {len(data)} bytes is shorter than the {MESSAGE_HEADER_SIZE}-byte header"
+        )
+    timestamp, attempts = _unpack_ts_attempts(data)
+    msg_id = data[10:26]
+    if layout is STANDARD_LAYOUT:
+        return Message(msg_id, timestamp, attempts, data[26:])
+    pos = 26
+    ext_version: int | None = None
+    ext_data: bytes | None = None
+    queue_offset: int | None = None
+    raw_size: int | None = None
+    if layout.ext_header:
+        if len(data) < pos + 1:
+            raise RemoteProtocolError("message frame ends inside its extension header")
+        ext_version = data[pos]
+        pos += 1
+        if ext_version != 0:
+            if len(data) < pos + 2:
+                raise RemoteProtocolError("message frame ends inside its extension length")
+            (ext_len,) = _U16.unpack_from(data, pos)
+            pos += 2
+            if len(data) < pos + ext_len:
+                raise RemoteProtocolError("message frame ends inside its extension data")
+            ext_data = data[pos : pos + ext_len]
+            pos += ext_len
+    if layout.queue_position:
+        if len(data) < pos + 12:
+            raise RemoteProtocolError("message frame ends inside its queue position")
+        queue_offset, raw_size = _POSITION.unpack_from(data, pos)
+        pos += 12
+    trace_id: int | None = None
+    internal_id: int | None = None
+    if layout.binary_id:
+        (internal_id,) = _U64.unpack_from(msg_id, 0)
+        (trace_id,) = _U64.unpack_from(msg_id, 8)
+    return Message(
+        msg_id,
+        timestamp,
+        attempts,
+        data[pos:],
+        trace_id,
+        internal_id,
+        ext_version,
+        ext_data,
+        queue_offset,
+        raw_size,
+    )
+
+
+def encode_message_data(
+    msg_id: bytes,
+    timestamp: int,
+    attempts: int,
+    body: bytes,
+    *,
+    ext_version: int | None = None,
+    ext_data: bytes = b"",
+    queue_position: tuple[int, int] | None = None,
+) -> bytes:
+    """The data of a message frame, as a server writes it (used by the test server)."""
+    if len(msg_id) != 16:
+        raise ValueError("a message id is 16 bytes")
+    parts = [_TS_ATTEMPTS.pack(timestamp, attempts), msg_id]
+    if ext_version is not None:
+        parts.append(bytes((ext_version,)))
+        if ext_version != 0:
+            parts.append(_U16.pack(len(ext_data)))
+            parts.append(ext_data)
+    if queue_position is not None:
+        parts.append(_POSITION.pack(*queue_position))
+    parts.append(body)
+    return b"".join(parts)

@@ -1,0 +1,46 @@
+"""Outputs: actions the adapter must carry out, in queue order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._events import ConnId, Event
+
+__all__ = ["Action", "Send", "StartTLS", "Close", "Output"]
+
+
+class Action:
+    """Base class of the I/O actions an adapter performs."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Send(Action):
+    """Write ``data`` to the connection's transport."""
+
+    conn_id: ConnId
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StartTLS(Action):
+    """Start the TLS handshake on this connection now, then call ``tls_established``.
+
+    ``buffered`` holds bytes already received after the IDENTIFY response; they belong to the
+    TLS layer and must be fed to it before anything read later.
+    """
+
+    conn_id: ConnId
+    buffered: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Close(Action):
+    """Close the transport of this connection."""
+
+    conn_id: ConnId
+    reason: str
+
+
+Output = Action | Event
