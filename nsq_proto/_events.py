@@ -47,7 +47,7 @@ class Subscribed(Event):
     conn_id: ConnId
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # hot path: not frozen (see Message); treat as read-only
 class MessageReceived(Event):
     conn_id: ConnId
     message: Message

@@ -105,7 +105,9 @@ class FrameDecoder:
                 append((frame_type, bytes(buf[pos + 8 : end])))
                 pos = end
             else:
-                if n - pos >= 4:
+                # a hostile size field fails at once, not when the rest arrives (but bytes past
+                # a limit may be in another encoding: leave them alone)
+                if n - pos >= 4 and not (limit and len(frames) == limit):
                     (size,) = _unpack_size(buf, pos)
                     if size < 4 or size > max_size:
                         self._bad_size(size)

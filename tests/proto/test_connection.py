@@ -1,0 +1,431 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsq_proto import (
+    AuthRequired,
+    Close,
+    CloseWaitReceived,
+    Connection,
+    ConnectionClosed,
+    ConnectionClosedError,
+    ConnectionConfig,
+    ConnectionState,
+    ErrorReceived,
+    HeartbeatReceived,
+    LocalProtocolError,
+    MessageReceived,
+    PublishFailed,
+    PublishSucceeded,
+    ReadTimeout,
+    Ready,
+    RemoteProtocolError,
+    Send,
+    ServerError,
+    StartTLS,
+    Subscribed,
+    TraceReceipt,
+    encode_frame,
+)
+from nsq_proto import commands as cmd
+from nsq_proto._features import encode_trace_receipt
+from nsq_proto._message import encode_message_data
+from nsq_proto._state import ALLOWED, Command
+
+from .helpers import (
+    error,
+    identify_response,
+    message,
+    mid,
+    ready_connection,
+    response,
+    sent,
+    subscribed_connection,
+)
+
+
+def test_handshake_sends_magic_and_identify() -> None:
+    conn = Connection(ConnectionConfig(client_id="a", hostname="h", user_agent="ua/1"))
+    assert conn.next_output() is None
+    conn.connection_made(0.0)
+    out = conn.outputs()
+    assert out == [
+        Send(
+            0,
+            b"  V2IDENTIFY\n\x00\x00\x00\x6a"
+            b'{"client_id":"a","hostname":"h","heartbeat_interval":30000,'
+            b'"feature_negotiation":true,"user_agent":"ua/1"}',
+        )
+    ]
+    assert conn.state is ConnectionState.IDENTIFYING
+    conn.receive_data(identify_response(max_rdy_count=200), 0.1)
+    (ready,) = conn.outputs()
+    assert isinstance(ready, Ready)
+    assert ready.features.max_rdy_count == 200
+    assert ready.features.msg_timeout == 60.0
+    assert ready.features.negotiated
+    assert conn.state is ConnectionState.READY
+
+
+def test_plain_ok_to_identify_means_defaults() -> None:
+    conn = Connection()
+    conn.connection_made(0.0)
+    conn.outputs()
+    conn.receive_data(response(b"OK"), 0.0)
+    (ready,) = conn.outputs()
+    assert isinstance(ready, Ready)
+    assert ready.features.max_rdy_count == 2500
+    assert not ready.features.negotiated
+
+
+def test_identify_response_not_json_is_a_remote_error() -> None:
+    conn = Connection()
+    conn.connection_made(0.0)
+    conn.outputs()
+    with pytest.raises(RemoteProtocolError):
+        conn.receive_data(response(b"{not json"), 0.0)
+    out = conn.outputs()
+    assert isinstance(out[0], Close)
+    assert isinstance(out[1], ConnectionClosed) and isinstance(out[1].error, RemoteProtocolError)
+    assert conn.state is ConnectionState.CLOSED
+    # later data is ignored, commands refused
+    conn.receive_data(response(b"OK"), 0.0)
+    assert conn.outputs() == []
+    with pytest.raises(LocalProtocolError):
+        conn.publish("t", b"x")
+
+
+def test_server_enabling_unrequested_compression_is_an_error() -> None:
+    conn = Connection()
+    conn.connection_made(0.0)
+    with pytest.raises(RemoteProtocolError, match="snappy"):
+        conn.receive_data(identify_response(snappy=True), 0.0)
+
+
+def test_tls_upgrade_hands_back_buffered_bytes_and_waits() -> None:
+    conn = Connection(ConnectionConfig(tls_v1=True, snappy=True))
+    conn.connection_made(0.0)
+    conn.outputs()
+    conn.receive_data(identify_response(tls_v1=True, snappy=True) + b"\x16\x03\x01", 0.0)
+    out = conn.outputs()
+    assert out == [StartTLS(0, b"\x16\x03\x01")]
+    assert conn.state is ConnectionState.TLS_HANDSHAKE
+    with pytest.raises(LocalProtocolError):
+        conn.receive_data(b"x", 0.0)
+    conn.tls_established(0.1)
+    # OK inside TLS (plain), then the snappy-compressed OK, in one read
+    from nsq_proto import SnappyCodec
+
+    server = SnappyCodec()
+    conn.receive_data(response(b"OK") + server.compress(response(b"OK")), 0.2)
+    (ready,) = conn.outputs()
+    assert isinstance(ready, Ready) and ready.features.tls_v1 and ready.features.snappy
+    conn.subscribe("t", "c")
+    (send,) = conn.outputs()
+    assert isinstance(send, Send)
+    assert send.data == bytes.fromhex("ff060000734e61507059010c000032e32014535542207420630a")
+
+
+def test_deflate_switch_in_the_same_read_as_identify_response() -> None:
+    from nsq_proto import DeflateCodec
+
+    conn = Connection(ConnectionConfig(deflate=True, deflate_level=6))
+    conn.connection_made(0.0)
+    conn.outputs()
+    server = DeflateCodec(6)
+    conn.receive_data(
+        identify_response(deflate=True)
+        + server.compress(response(b"OK") + response(b"_heartbeat_")),
+        0.0,
+    )
+    out = conn.outputs()
+    assert isinstance(out[0], Ready)
+    assert isinstance(out[1], Send)
+    assert isinstance(out[2], HeartbeatReceived)
+    # the NOP reply is deflated, with a sync flush
+    assert out[1].data == bytes.fromhex("f2f30fe002000000ffff")
+
+
+def test_auth_flow() -> None:
+    conn = Connection(ConnectionConfig(auth_secret=b"good-secret"))
+    conn.connection_made(0.0)
+    conn.outputs()
+    conn.receive_data(identify_response(auth_required=True), 0.0)
+    assert sent(conn.outputs()) == b"AUTH\n\x00\x00\x00\x0bgood-secret"
+    assert conn.state is ConnectionState.AUTHENTICATING
+    conn.receive_data(
+        response(b'{"identity":"u","identity_url":"https://x.invalid/u","permission_count":1}'), 0.0
+    )
+    (ready,) = conn.outputs()
+    assert isinstance(ready, Ready)
+    assert (
+        ready.auth is not None and ready.auth.identity == "u" and ready.auth.permission_count == 1
+    )
+
+
+def test_auth_required_without_secret_closes_with_typed_error() -> None:
+    conn = Connection()
+    conn.connection_made(0.0)
+    conn.outputs()
+    conn.receive_data(identify_response(auth_required=True), 0.0)
+    out = conn.outputs()
+    assert isinstance(out[0], Close)
+    assert isinstance(out[1], ConnectionClosed) and isinstance(out[1].error, AuthRequired)
+
+
+def test_secret_is_not_sent_when_auth_is_not_required() -> None:
+    conn = Connection(ConnectionConfig(auth_secret=b"s"))
+    conn.connection_made(0.0)
+    conn.outputs()
+    conn.receive_data(identify_response(), 0.0)
+    out = conn.outputs()
+    assert [type(o) for o in out] == [Ready]
+
+
+def test_heartbeat_is_answered_with_nop() -> None:
+    conn = subscribed_connection()
+    conn.receive_data(response(b"_heartbeat_"), 1.0)
+    assert conn.outputs() == [Send(0, b"NOP\n"), HeartbeatReceived(0)]
+
+
+def test_subscribe_and_messages() -> None:
+    conn = ready_connection()
+    conn.subscribe("t", "c")
+    conn.ready(2)
+    assert sent(conn.outputs()) == b"SUB t c\nRDY 2\n"
+    conn.receive_data(response(b"OK") + message(mid(1), b"a") + message(mid(2), b"b", 3), 0.0)
+    out = conn.outputs()
+    assert out[0] == Subscribed(0)
+    assert [(o.message.id, o.message.body, o.message.attempts) for o in out[1:]] == [  # type: ignore[union-attr]
+        (mid(1), b"a", 1),
+        (mid(2), b"b", 3),
+    ]
+    conn.finish(mid(1))
+    conn.requeue(mid(2), 1.5)
+    conn.touch(mid(2))
+    assert sent(conn.outputs()) == (
+        b"FIN " + mid(1) + b"\nREQ " + mid(2) + b" 1500\nTOUCH " + mid(2) + b"\n"
+    )
+
+
+def test_message_before_subscribe_is_a_protocol_error() -> None:
+    conn = ready_connection()
+    with pytest.raises(RemoteProtocolError, match="not subscribed"):
+        conn.receive_data(message(mid(1), b"a"), 0.0)
+
+
+def test_truncated_message_frame() -> None:
+    conn = subscribed_connection()
+    with pytest.raises(RemoteProtocolError, match="shorter"):
+        conn.receive_data(encode_frame(2, b"\x00" * 20), 0.0)
+
+
+def test_rdy_above_max_rdy_count_is_refused_locally() -> None:
+    conn = subscribed_connection()
+    conn.ready(2500)
+    with pytest.raises(LocalProtocolError, match="max_rdy_count"):
+        conn.ready(2501)
+
+
+def test_non_fatal_errors_keep_the_connection() -> None:
+    conn = subscribed_connection()
+    for code in ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"):
+        conn.receive_data(
+            error(code.encode() + b" FIN 0123456789abcdef failed ID not in flight"), 0.0
+        )
+        (ev,) = conn.outputs()
+        assert isinstance(ev, ErrorReceived) and ev.code == code and not ev.fatal
+    assert conn.state is ConnectionState.SUBSCRIBED
+
+
+def test_fatal_error_fails_pending_publishes_in_order() -> None:
+    conn = ready_connection()
+    r1 = conn.publish("t", b"a")
+    r2 = conn.publish_many("t", [b"b", b"c"])
+    r3 = conn.publish_deferred("t", b"d", 1.0)
+    assert sent(conn.outputs()).count(b"PUB") == 3
+    conn.receive_data(
+        response(b"OK") + error(b"E_BAD_MESSAGE PUB message too big 1025 > 1024"), 0.0
+    )
+    out = conn.outputs()
+    assert out[0] == PublishSucceeded(0, r1)
+    assert out[1] == ErrorReceived(0, "E_BAD_MESSAGE", "PUB message too big 1025 > 1024", True)
+    assert isinstance(out[2], PublishFailed) and out[2].request_id == r2
+    assert isinstance(out[2].error, ServerError) and out[2].error.code == "E_BAD_MESSAGE"
+    assert isinstance(out[3], PublishFailed) and out[3].request_id == r3
+    assert isinstance(out[3].error, ConnectionClosedError)
+    assert isinstance(out[4], Close)
+    assert isinstance(out[5], ConnectionClosed) and isinstance(out[5].error, ServerError)
+    assert conn.state is ConnectionState.CLOSED
+    assert conn.next_deadline() is None
+
+
+def test_unexpected_response_is_a_protocol_error() -> None:
+    conn = ready_connection()
+    with pytest.raises(RemoteProtocolError, match="unexpected response"):
+        conn.receive_data(response(b"OK"), 0.0)
+
+
+def test_traced_publish_receipt() -> None:
+    conn = Connection()
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(version="0.3.7-HA.1.13.0"), 0.0)
+    conn.outputs()
+    rid = conn.publish_traced("orders", b"hi", 12345, partition=2)
+    assert sent(conn.outputs()) == cmd.pub_trace("orders", 12345, b"hi", 2)
+    receipt = TraceReceipt(1, 12345, 0, 32)
+    conn.receive_data(response(encode_trace_receipt(receipt)), 0.0)
+    assert conn.outputs() == [PublishSucceeded(0, rid, receipt)]
+    with pytest.raises(LocalProtocolError, match="DPUB"):
+        conn.publish_deferred("t", b"x", 1.0)
+
+
+def test_partitioned_ordered_subscription_decodes_positions() -> None:
+    conn = Connection()
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(version="0.3.7-HA.1.13.0"), 0.0)
+    conn.outputs()
+    conn.subscribe("orders", "c", 1, ordered=True)
+    assert sent(conn.outputs()) == b"SUB_ORDERED orders c 1\n"
+    msg_id = (7).to_bytes(8, "big") + (12345).to_bytes(8, "big")
+    data = encode_message_data(msg_id, 5, 1, b"hi", queue_position=(4096, 36))
+    conn.receive_data(response(b"OK") + encode_frame(2, data), 0.0)
+    out = conn.outputs()
+    assert isinstance(out[1], MessageReceived)
+    m = out[1].message
+    assert (m.internal_id, m.trace_id, m.queue_offset, m.raw_size, m.body) == (
+        7,
+        12345,
+        4096,
+        36,
+        b"hi",
+    )
+
+
+def test_ordered_subscription_needs_partitioned_server() -> None:
+    conn = ready_connection()
+    with pytest.raises(LocalProtocolError):
+        conn.subscribe("t", "c", 0, ordered=True)
+
+
+def test_cls_close_wait_then_answers_still_allowed() -> None:
+    conn = subscribed_connection()
+    conn.receive_data(message(mid(1), b"x"), 0.0)
+    conn.outputs()
+    conn.start_close()
+    assert sent(conn.outputs()) == b"CLS\n"
+    conn.receive_data(response(b"CLOSE_WAIT"), 0.0)
+    assert conn.outputs() == [CloseWaitReceived(0)]
+    conn.finish(mid(1))
+    assert sent(conn.outputs()) == b"FIN " + mid(1) + b"\n"
+    with pytest.raises(LocalProtocolError):
+        conn.ready(1)
+    conn.connection_lost(1.0)
+    (closed,) = conn.outputs()
+    assert isinstance(closed, ConnectionClosed) and closed.error is None
+
+
+def test_connection_lost_fails_pending() -> None:
+    conn = ready_connection()
+    rid = conn.publish("t", b"x")
+    conn.outputs()
+    conn.connection_lost(1.0, OSError("reset"))
+    out = conn.outputs()
+    assert isinstance(out[0], PublishFailed) and out[0].request_id == rid
+    assert isinstance(out[0].error, ConnectionClosedError)
+    assert isinstance(out[1], ConnectionClosed) and isinstance(out[1].error, ConnectionClosedError)
+
+
+def test_read_timeout_closes_a_silent_connection() -> None:
+    conn = subscribed_connection(now=0.0, heartbeat_interval=30.0)
+    assert conn.next_deadline() == 60.0
+    conn.receive_data(response(b"_heartbeat_"), 30.0)
+    assert conn.next_deadline() == 90.0
+    conn.outputs()
+    conn.handle_timer(89.9)
+    assert conn.outputs() == []
+    conn.handle_timer(90.0)
+    out = conn.outputs()
+    assert isinstance(out[0], Close) and out[0].reason == "read timeout"
+    assert isinstance(out[1], ConnectionClosed) and isinstance(out[1].error, ReadTimeout)
+
+
+def test_heartbeats_disabled_means_no_deadline() -> None:
+    conn = ready_connection(heartbeat_interval=None)
+    assert conn.next_deadline() is None
+    assert b'"heartbeat_interval":-1' in cmd.identify(conn.config.identify_body())
+
+
+def test_close_flushes_queued_commands_first() -> None:
+    conn = subscribed_connection()
+    conn.finish(mid(1))
+    conn.close()
+    out = conn.outputs()
+    assert out[0] == Send(0, b"FIN " + mid(1) + b"\n")
+    assert isinstance(out[1], Close)
+
+
+COMMANDS = {
+    Command.SUB: lambda c: c.subscribe("t", "c"),
+    Command.PUB: lambda c: c.publish("t", b"x"),
+    Command.RDY: lambda c: c.ready(1),
+    Command.ANSWER: lambda c: c.finish(mid(1)),
+    Command.CLS: lambda c: c.start_close(),
+    Command.NOP: lambda c: c.nop(),
+}
+
+
+def connection_in(state: ConnectionState) -> Connection:
+    conn = Connection(ConnectionConfig(tls_v1=True, auth_secret=b"s"))
+    if state is ConnectionState.INIT:
+        return conn
+    conn.connection_made(0.0)
+    if state is ConnectionState.IDENTIFYING:
+        return conn
+    conn.receive_data(identify_response(tls_v1=True, auth_required=True), 0.0)
+    if state is ConnectionState.TLS_HANDSHAKE:
+        return conn
+    conn.tls_established(0.0)
+    if state is ConnectionState.TLS_RESPONSE:
+        return conn
+    conn.receive_data(response(b"OK"), 0.0)
+    if state is ConnectionState.AUTHENTICATING:
+        return conn
+    conn.receive_data(response(b'{"identity":"u","identity_url":"","permission_count":1}'), 0.0)
+    if state is ConnectionState.READY:
+        return conn
+    conn.subscribe("t", "c")
+    if state is ConnectionState.SUBSCRIBING:
+        return conn
+    conn.receive_data(response(b"OK"), 0.0)
+    if state is ConnectionState.SUBSCRIBED:
+        return conn
+    conn.start_close()
+    if state is ConnectionState.CLOSING:
+        return conn
+    conn.receive_data(response(b"CLOSE_WAIT"), 0.0)
+    if state is ConnectionState.CLOSE_WAIT:
+        return conn
+    conn.close()
+    return conn
+
+
+REACHABLE = [s for s in ConnectionState if s is not ConnectionState.COMPRESSION_RESPONSE]
+
+
+@settings(max_examples=200)
+@given(state=st.sampled_from(REACHABLE), command=st.sampled_from(list(Command)))
+def test_every_state_and_command(state: ConnectionState, command: Command) -> None:
+    conn = connection_in(state)
+    assert conn.state is state
+    conn.outputs()
+    if state in ALLOWED[command]:
+        COMMANDS[command](conn)
+        assert sent(conn.outputs())
+    else:
+        with pytest.raises(LocalProtocolError):
+            COMMANDS[command](conn)
+        assert conn.state is state
+        assert conn.outputs() == []
