@@ -494,6 +494,11 @@ class Connection:
     ) -> int:
         return self._publish(cmd.mpub_trace(topic, items, partition), _TRACE)
 
+    def publish_encoded(self, data: bytes, *, traced: bool = False) -> int:
+        """Send publish-command bytes built with :mod:`nsq_proto.commands` (PUB, MPUB, DPUB or,
+        with ``traced``, PUB_TRACE/MPUB_TRACE whose answer is a TraceReceipt)."""
+        return self._publish(data, _TRACE if traced else _PUB)
+
     @property
     def pending_requests(self) -> int:
         """Requests sent and not yet answered (SUB, publishes, CLS)."""

@@ -20,6 +20,11 @@ __all__ = [
     "ErrorReceived",
     "CloseWaitReceived",
     "ConnectionClosed",
+    "MessageGivenUp",
+    "LookupFailed",
+    "LookupSucceeded",
+    "BackoffChanged",
+    "Stopped",
 ]
 
 ConnId = int
@@ -99,3 +104,42 @@ class ConnectionClosed(Event):
     conn_id: ConnId
     reason: str
     error: NSQError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageGivenUp(Event):
+    """A message arrived with more attempts than ``max_attempts``.  It is not handed to the
+    application; unless configured otherwise the core has already FINished it."""
+
+    conn_id: ConnId
+    message: Message
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LookupFailed(Event):
+    """One lookupd poll failed (unreachable, bad status, malformed JSON)."""
+
+    address: tuple[str, int]
+    error: NSQError
+
+
+@dataclass(frozen=True, slots=True)
+class LookupSucceeded(Event):
+    """One lookupd poll answered; ``producers`` are the ``host:port`` keys it listed."""
+
+    address: tuple[str, int]
+    producers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffChanged(Event):
+    """The consumer entered, continued or left backoff (``level`` 0: normal flow)."""
+
+    level: int
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped(Event):
+    """A graceful stop finished: every connection is closed."""

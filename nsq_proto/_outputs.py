@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ._events import ConnId, Event
 
-__all__ = ["Action", "Send", "StartTLS", "Close", "Output"]
+__all__ = ["Action", "Send", "StartTLS", "Close", "Connect", "HttpRequest", "Output"]
 
 
 class Action:
@@ -41,6 +41,34 @@ class Close(Action):
 
     conn_id: ConnId
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Connect(Action):
+    """Open a TCP connection (then call ``connection_made``, or ``connection_lost`` on failure).
+
+    ``tls`` tells whether the connection will be asked to start TLS after IDENTIFY.
+    """
+
+    conn_id: ConnId
+    host: str
+    port: int
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest(Action):
+    """Send ``data`` (a whole HTTP/1.1 request) to ``host:port`` and feed every byte read back
+    to ``http_data(request_id, ...)`` (``b""`` at EOF), or call ``http_failed``.
+
+    The request closes the connection after the response (``Connection: close``).
+    """
+
+    request_id: int
+    host: str
+    port: int
+    data: bytes
+    timeout: float
 
 
 Output = Action | Event

@@ -1,0 +1,893 @@
+"""The consumer core: every connection of one topic/channel subscription, without I/O.
+
+It owns discovery (a fixed nsqd list with reconnect backoff, or lookupd polling), the
+connections (one :class:`Connection` each), RDY distribution, backoff, in-flight bookkeeping,
+max_attempts, ordered consumption on the partitioned server and the graceful stop.  Like the
+connection it is driven by transport events, application calls and timers, each taking ``now``,
+and it speaks through one ordered output queue.
+
+Where go-nsq refines the client guide, this core does what go-nsq does; those places say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+
+from ._config import ConfigError, ConnectionConfig
+from ._connection import Connection
+from ._errors import LocalProtocolError, LookupdError, NSQError
+from ._events import (
+    BackoffChanged,
+    CloseWaitReceived,
+    ConnectionClosed,
+    ConnId,
+    ErrorReceived,
+    LookupFailed,
+    LookupSucceeded,
+    MessageGivenUp,
+    MessageReceived,
+    Ready,
+    Stopped,
+)
+from ._lookupd import (
+    HttpResponseParser,
+    LookupResult,
+    build_lookup_request,
+    parse_lookup_response,
+)
+from ._message import Message
+from ._names import check_channel, check_topic
+from ._outputs import Connect, HttpRequest, Output
+from ._state import ConnectionState
+from ._timers import TimerKind, Timers
+
+__all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
+
+_S = ConnectionState
+#: connections that count for the RDY share (go-nsq: every connected, non-closing conn)
+_ACTIVE = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
+_CAN_RDY = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
+#: the partitioned server's errors after which the topology must be looked up again
+_RELOOKUP_ERRORS = frozenset(
+    {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
+)
+
+
+def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) or a ``(host, port)`` pair, validated."""
+    if isinstance(address, tuple):
+        host, port = address
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep or not port_text.isdigit():
+            raise ConfigError(f"address {address!r} is not host:port")
+        port = int(port_text)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+    if not host or not isinstance(port, int) or not 0 < port < 65536:
+        raise ConfigError(f"address {address!r} is not host:port")
+    return host, port
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerConfig(ConnectionConfig):
+    """Consumer settings: the connection settings plus go-nsq's consumer options (seconds)."""
+
+    max_in_flight: int = 1
+    #: 0: unlimited
+    max_attempts: int = 5
+    default_requeue_delay: float = 90.0
+    max_requeue_delay: float = 900.0
+    #: switch backoff off for latency-sensitive consumers
+    backoff: bool = True
+    backoff_multiplier: float = 1.0
+    max_backoff_duration: float = 120.0
+    lookupd_poll_interval: float = 60.0
+    lookupd_poll_jitter: float = 0.3
+    lookupd_poll_timeout: float = 60.0
+    low_rdy_idle_timeout: float = 10.0
+    low_rdy_timeout: float = 30.0
+    rdy_redistribute_interval: float = 5.0
+    dial_timeout: float = 1.0
+    #: reconnect delay for a fixed nsqd list: 8 s, 16 s, 32 s ... up to the maximum, jittered
+    reconnect_delay: float = 8.0
+    max_reconnect_delay: float = 120.0
+    reconnect_jitter: float = 0.2
+    #: a graceful stop requeues what the application has not answered after this long
+    stop_timeout: float = 30.0
+    #: FIN messages over max_attempts (else the application must answer them)
+    finish_given_up: bool = True
+    #: partitioned server: subscribe with SUB_ORDERED (one message in flight per partition)
+    ordered: bool = False
+    #: partitioned server: only these partitions (None: all)
+    partitions: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super(ConsumerConfig, self).__post_init__()
+        if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int):
+            raise ConfigError("max_in_flight must be an int")
+        if self.max_in_flight < 0:
+            raise ConfigError(f"max_in_flight must be >= 0, not {self.max_in_flight}")
+        if self.max_attempts < 0 or self.max_attempts > 65535:
+            raise ConfigError(f"max_attempts must be 0..65535, not {self.max_attempts}")
+        for name in (
+            "default_requeue_delay",
+            "max_requeue_delay",
+            "backoff_multiplier",
+            "max_backoff_duration",
+            "lookupd_poll_interval",
+            "lookupd_poll_timeout",
+            "low_rdy_idle_timeout",
+            "low_rdy_timeout",
+            "rdy_redistribute_interval",
+            "dial_timeout",
+            "reconnect_delay",
+            "max_reconnect_delay",
+            "stop_timeout",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a non-negative number of seconds, not {value!r}")
+        for name in ("lookupd_poll_interval", "rdy_redistribute_interval", "dial_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        for name in ("lookupd_poll_jitter", "reconnect_jitter"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{name} must be 0..1, not {value!r}")
+        if self.partitions is not None and any(p < 0 for p in self.partitions):
+            raise ConfigError("partitions must be non-negative")
+
+    def connection_config(self, **changes: object) -> ConnectionConfig:
+        base = {f.name: getattr(self, f.name) for f in fields(ConnectionConfig)}
+        base.update(changes)
+        return ConnectionConfig(**base)
+
+
+@dataclass(slots=True)
+class _Conn:
+    conn_id: ConnId
+    conn: Connection
+    key: str
+    address: tuple[str, int]
+    partition: int | None
+    ordered: bool
+    rdy: int = 0
+    remaining: int = 0
+    last_msg_at: float = 0.0
+    last_rdy_at: float = 0.0
+    in_flight: dict[bytes, Message] = field(default_factory=dict)
+    ready_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStats:
+    conn_id: ConnId
+    key: str
+    state: str
+    rdy: int
+    in_flight: int
+    last_message_at: float
+
+
+class Consumer:
+    """Consumer core of one ``topic``/``channel`` subscription."""
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        config: ConsumerConfig | None = None,
+        *,
+        nsqd_tcp_addresses: Iterable[str | tuple[str, int]] = (),
+        lookupd_http_addresses: Iterable[str | tuple[str, int]] = (),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.topic = check_topic(topic)
+        self.channel = check_channel(channel)
+        self.config = config if config is not None else ConsumerConfig()
+        self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
+        self._lookupd = [parse_address(a) for a in lookupd_http_addresses]
+        if not self._nsqd and not self._lookupd:
+            raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        self._rng = rng if rng is not None else random.Random()
+        self._outputs: deque[Output] = deque()
+        self._timers = Timers()
+        self._conns: dict[ConnId, _Conn] = {}
+        self._by_key: dict[str, ConnId] = {}
+        self._next_conn_id = 1
+        self._next_request_id = 1
+        self._http: dict[int, tuple[tuple[str, int], HttpResponseParser]] = {}
+        self._reconnect_attempts: dict[str, int] = {}
+        self._max_in_flight = self.config.max_in_flight
+        self._total_rdy = 0
+        self._backoff_level = 0
+        self._need_redistribute = False
+        self._ordered_required = self.config.ordered
+        self._now = 0.0
+        self._started = False
+        self._stopping = False
+        self._stopped = False
+        self.messages_received = 0
+        self.messages_finished = 0
+        self.messages_requeued = 0
+        self.messages_given_up = 0
+
+    # ------------------------------------------------------------------ outputs and time
+
+    def _pump_all(self) -> None:
+        # commands issued on a connection (RDY from a rebalance, ...) wait in its queue
+        for rec in list(self._conns.values()):
+            self._pump(rec, self._now)
+
+    def next_output(self) -> Output | None:
+        if not self._outputs:
+            self._pump_all()
+        if self._outputs:
+            return self._outputs.popleft()
+        return None
+
+    def outputs(self) -> list[Output]:
+        self._pump_all()
+        out = list(self._outputs)
+        self._outputs.clear()
+        return out
+
+    def next_deadline(self) -> float | None:
+        deadline = self._timers.next_deadline()
+        for rec in self._conns.values():
+            d = rec.conn.next_deadline()
+            if d is not None and (deadline is None or d < deadline):
+                deadline = d
+        return deadline
+
+    def handle_timer(self, now: float) -> None:
+        self._now = now
+        for rec in list(self._conns.values()):
+            d = rec.conn.next_deadline()
+            if d is not None and d <= now:
+                rec.conn.handle_timer(now)
+                self._pump(rec, now)
+        for kind, arg in self._timers.pop_due(now):
+            if kind is TimerKind.LOOKUPD_POLL:
+                self._poll(now)
+            elif kind is TimerKind.HTTP_TIMEOUT:
+                assert isinstance(arg, int)
+                self._http_error(arg, LookupdError("lookupd request timed out"))
+            elif kind is TimerKind.RECONNECT:
+                assert isinstance(arg, tuple)
+                address, partition = arg
+                self._connect(address, partition, now)
+            elif kind is TimerKind.BACKOFF_END:
+                self._backoff_window_over(now)
+            elif kind is TimerKind.RDY_REDISTRIBUTE:
+                self._redistribute(now)
+                if not self._stopping:
+                    self._timers.set(
+                        (TimerKind.RDY_REDISTRIBUTE, None),
+                        now + self.config.rdy_redistribute_interval,
+                    )
+            elif kind is TimerKind.STOP_TIMEOUT:
+                self._stop_timeout(now)
+
+    # ------------------------------------------------------------------ start and discovery
+
+    def start(self, now: float) -> None:
+        """Connect to the fixed nsqd list and/or send the first lookupd poll."""
+        self._now = now
+        if self._started:
+            raise LocalProtocolError("the consumer is already started")
+        self._started = True
+        for address in self._nsqd:
+            self._connect(address, None, now)
+        if self._lookupd:
+            self._poll(now)
+        self._timers.set(
+            (TimerKind.RDY_REDISTRIBUTE, None), now + self.config.rdy_redistribute_interval
+        )
+
+    def _poll(self, now: float) -> None:
+        if self._stopping:
+            return
+        cfg = self.config
+        for host, port in self._lookupd:
+            rid = self._next_request_id
+            self._next_request_id += 1
+            data = build_lookup_request(
+                host,
+                port,
+                self.topic,
+                access="r",
+                metainfo=True,
+                user_agent=cfg.user_agent or "nsq_proto",
+            )
+            self._http[rid] = ((host, port), HttpResponseParser())
+            self._outputs.append(HttpRequest(rid, host, port, data, cfg.lookupd_poll_timeout))
+            self._timers.set((TimerKind.HTTP_TIMEOUT, rid), now + cfg.lookupd_poll_timeout)
+        # the guide: jitter each poll by a random share of the interval
+        interval = cfg.lookupd_poll_interval
+        jitter = self._rng.random() * cfg.lookupd_poll_jitter * interval
+        self._timers.set((TimerKind.LOOKUPD_POLL, None), now + interval + jitter)
+
+    def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
+        """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
+        if not self._lookupd or self._stopping:
+            return
+        key = (TimerKind.LOOKUPD_POLL, None)
+        current = self._timers.deadline(key)
+        if current is None or current > now + delay:
+            self._timers.set(key, now + delay)
+
+    def http_data(self, request_id: int, data: bytes, now: float) -> None:
+        """Bytes of a lookupd response (``b""`` at EOF)."""
+        self._now = now
+        entry = self._http.get(request_id)
+        if entry is None:
+            return
+        address, parser = entry
+        try:
+            response = parser.receive_data(data)
+            if response is None:
+                if not data:
+                    raise LookupdError("lookupd closed the connection before a full response")
+                return
+            result = parse_lookup_response(response.status, response.body)
+        except LookupdError as exc:
+            self._http_error(request_id, exc)
+            return
+        del self._http[request_id]
+        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+        self._apply_lookup(address, result, now)
+
+    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
+        """The adapter could not reach lookupd or the transfer broke."""
+        exc = LookupdError(f"lookupd request failed: {error}")
+        exc.__cause__ = error
+        self._http_error(request_id, exc)
+
+    def _http_error(self, request_id: int, error: NSQError) -> None:
+        entry = self._http.pop(request_id, None)
+        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+        if entry is not None:
+            self._outputs.append(LookupFailed(entry[0], error))
+
+    def _apply_lookup(self, address: tuple[str, int], result: LookupResult, now: float) -> None:
+        keys: list[str] = []
+        if self._stopping:
+            return
+        meta = result.meta
+        if meta is not None and meta.ordered:
+            self._ordered_required = True
+        wanted = self.config.partitions
+        partition_addresses = set()
+        for pid, producer in sorted(result.partitions.items()):
+            partition_addresses.add(producer.key)
+            if wanted is not None and pid not in wanted:
+                continue
+            keys.append(f"{producer.key}-{pid}")
+            self._connect(
+                producer.address, pid, now, extend_support=bool(meta and meta.extend_support)
+            )
+        for producer in result.producers:
+            if producer.key in partition_addresses:
+                continue
+            if wanted is not None:
+                continue  # partition-pinned consumers skip nodes without partitions
+            keys.append(producer.key)
+            self._connect(producer.address, None, now)
+        self._outputs.append(LookupSucceeded(address, tuple(keys)))
+
+    # ------------------------------------------------------------------ connections
+
+    def _connect(
+        self,
+        address: tuple[str, int],
+        partition: int | None,
+        now: float,
+        *,
+        extend_support: bool = False,
+    ) -> None:
+        if self._stopping:
+            return
+        key = f"{address[0]}:{address[1]}" + ("" if partition is None else f"-{partition}")
+        if key in self._by_key:
+            return
+        conn_id = self._next_conn_id
+        self._next_conn_id += 1
+        config = self.config.connection_config(
+            extend_support=extend_support or self.config.extend_support
+        )
+        ordered = self._ordered_required and partition is not None
+        rec = _Conn(conn_id, Connection(config, conn_id), key, address, partition, ordered)
+        self._conns[conn_id] = rec
+        self._by_key[key] = conn_id
+        self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
+
+    def connection_made(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return
+        rec.conn.connection_made(now)
+        self._pump(rec, now)
+
+    def tls_established(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return
+        rec.conn.tls_established(now)
+        self._pump(rec, now)
+
+    def connection_lost(
+        self, conn_id: ConnId, now: float, error: BaseException | None = None
+    ) -> None:
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return
+        rec.conn.connection_lost(now, error)
+        self._pump(rec, now)
+
+    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return
+        # a protocol error has already queued Close + ConnectionClosed(error=...) on the
+        # connection: one broken link must not break its neighbours
+        with contextlib.suppress(NSQError):
+            rec.conn.receive_data(data, now)
+        self._pump(rec, now)
+
+    def _pump(self, rec: _Conn, now: float) -> None:
+        """Move a connection's outputs to ours, reacting to its events on the way."""
+        conn = rec.conn
+        out = self._outputs
+        max_attempts = self.config.max_attempts
+        while (item := conn.next_output()) is not None:
+            if type(item) is MessageReceived:
+                message = item.message
+                rec.remaining = rec.remaining - 1 if rec.remaining > 0 else 0
+                rec.last_msg_at = now
+                self.messages_received += 1
+                if max_attempts and message.attempts > max_attempts:
+                    self.messages_given_up += 1
+                    finish = self.config.finish_given_up
+                    if finish:
+                        conn.finish(message.id)
+                    else:
+                        rec.in_flight[message.id] = message
+                    out.append(MessageGivenUp(rec.conn_id, message, finish))
+                    continue
+                rec.in_flight[message.id] = message
+                out.append(item)
+            elif isinstance(item, Ready):
+                out.append(item)
+                self._on_ready(rec, now)
+            elif isinstance(item, ConnectionClosed):
+                out.append(item)
+                self._on_closed(rec, item, now)
+            elif isinstance(item, ErrorReceived):
+                out.append(item)
+                self._on_error(rec, item, now)
+            elif isinstance(item, CloseWaitReceived):
+                out.append(item)
+                if self._stopping and not rec.in_flight:
+                    conn.close("consumer stopped")
+            else:
+                out.append(item)
+
+    def _on_ready(self, rec: _Conn, now: float) -> None:
+        rec.ready_at = now
+        self._reconnect_attempts.pop(rec.key, None)
+        if self._stopping:
+            rec.conn.close("consumer stopping")
+            return
+        rec.conn.subscribe(self.topic, self.channel, rec.partition, ordered=rec.ordered)
+        # the guide: start every new connection at RDY 1 so that none is favoured; go-nsq also
+        # lowers the others' share at once ("pre-emptive signal")
+        if self._max_in_flight > 0 and self._backoff_state() == "NORMAL":
+            self._update_rdy(rec, 1, now)
+        for other in list(self._conns.values()):
+            if other is not rec:
+                self._maybe_update_rdy(other, now)
+
+    def _on_error(self, rec: _Conn, event: ErrorReceived, now: float) -> None:
+        if event.code == "E_SUB_ORDER_IS_MUST":
+            self._ordered_required = True
+        if event.code in _RELOOKUP_ERRORS or event.code == "E_SUB_ORDER_IS_MUST":
+            # go-nsq: drop that (address, partition) and look the topic up again about 1 s later
+            self.poll_lookupd_now(now, 1.0)
+
+    def _on_closed(self, rec: _Conn, event: ConnectionClosed, now: float) -> None:
+        self._conns.pop(rec.conn_id, None)
+        if self._by_key.get(rec.key) == rec.conn_id:
+            del self._by_key[rec.key]
+        self._total_rdy -= rec.rdy
+        rec.rdy = 0
+        # messages still held by the application come back from nsqd after msg_timeout
+        rec.in_flight.clear()
+        if self._stopping:
+            self._check_stopped(now)
+            return
+        self._need_redistribute = True
+        if self._lookupd:
+            # the guide: with lookupd, reconnect only if a later poll still lists it
+            pass
+        elif rec.address in self._nsqd:
+            attempt = self._reconnect_attempts.get(rec.key, 0) + 1
+            self._reconnect_attempts[rec.key] = attempt
+            cfg = self.config
+            delay = min(cfg.max_reconnect_delay, cfg.reconnect_delay * 2 ** (attempt - 1))
+            delay *= 1 - cfg.reconnect_jitter * self._rng.random()
+            self._timers.set((TimerKind.RECONNECT, (rec.address, rec.partition)), now + delay)
+        self._rebalance(now)
+
+    # ------------------------------------------------------------------ RDY
+
+    def _active(self) -> list[_Conn]:
+        return [r for r in self._conns.values() if r.conn.state in _ACTIVE]
+
+    def _per_conn_max_in_flight(self) -> int:
+        # go-nsq: min(max(1, max_in_flight / conns), max_in_flight)
+        mif = self._max_in_flight
+        n = len(self._active()) or 1
+        return min(max(1, mif // n), mif)
+
+    def _backoff_state(self) -> str:
+        if (TimerKind.BACKOFF_END, None) in self._timers:
+            return "BACKOFF_TIMEOUT"
+        return "BACKOFF" if self._backoff_level > 0 else "NORMAL"
+
+    def _update_rdy(self, rec: _Conn, count: int, now: float) -> bool:
+        """Send RDY ``count`` if the invariants allow it (go-nsq's updateRDY)."""
+        if rec.conn.state not in _CAN_RDY:
+            return False
+        if rec.ordered and count > 1:
+            count = 1
+        features = rec.conn.features
+        max_rdy = features.max_rdy_count if features is not None else 2500
+        count = min(count, max_rdy)
+        max_possible = self._max_in_flight - self._total_rdy + rec.rdy
+        if 0 < max_possible < count:
+            count = max_possible
+        if max_possible <= 0 and count > 0:
+            self._need_redistribute = True
+            return False
+        rec.conn.ready(count)
+        self._total_rdy += count - rec.rdy
+        rec.rdy = count
+        rec.remaining = count
+        rec.last_rdy_at = now
+        return True
+
+    def _maybe_update_rdy(self, rec: _Conn, now: float) -> None:
+        if self._backoff_level > 0 or self._stopping:
+            return
+        if (TimerKind.BACKOFF_END, None) in self._timers:
+            return
+        count = self._per_conn_max_in_flight()
+        if rec.ordered:
+            count = min(count, 1)
+        remain = rec.remaining
+        last = rec.rdy
+        if count == last and remain == last:
+            return  # nothing consumed since the last RDY and the share did not change
+        # refill at 0/1 or below 25 % of the last RDY; shrink when the share fell
+        if remain <= 1 or remain < last / 4 or count < last:
+            self._update_rdy(rec, count, now)
+
+    def _rebalance(self, now: float) -> None:
+        """Bring every connection to the current share: shrink first, then grow."""
+        if self._backoff_level > 0 or self._stopping:
+            return
+        if (TimerKind.BACKOFF_END, None) in self._timers:
+            return
+        share = self._per_conn_max_in_flight()
+        conns = [r for r in self._conns.values() if r.conn.state in _CAN_RDY]
+        for rec in conns:
+            if rec.rdy > share:
+                self._update_rdy(rec, share, now)
+        if self._total_rdy > self._max_in_flight:
+            # more connections than max_in_flight: take RDY back from the idlest ones
+            for rec in sorted(conns, key=lambda r: r.last_msg_at):
+                if self._total_rdy <= self._max_in_flight:
+                    break
+                if rec.rdy:
+                    self._update_rdy(rec, 0, now)
+                    self._need_redistribute = True
+        for rec in conns:
+            if rec.rdy < share:
+                self._update_rdy(rec, share, now)
+
+    def _redistribute(self, now: float) -> None:
+        """go-nsq's redistributeRDY: rotate RDY to idle-free connections when there are more
+        connections than max_in_flight, or while in backoff with several connections."""
+        if self._stopping or (TimerKind.BACKOFF_END, None) in self._timers:
+            return
+        conns = [r for r in self._conns.values() if r.conn.state in _CAN_RDY]
+        if not conns:
+            return
+        if len(conns) > self._max_in_flight:
+            self._need_redistribute = True
+        if self._backoff_level > 0 and len(conns) > 1:
+            self._need_redistribute = True
+        if self._backoff_level > 0 and self._total_rdy == 0:
+            self._need_redistribute = True  # never stay at RDY 0 everywhere in backoff
+        if not self._need_redistribute:
+            if self._backoff_level == 0:
+                self._rebalance(now)
+            return
+        self._need_redistribute = False
+        cfg = self.config
+        possible = []
+        for rec in conns:
+            if rec.rdy > 0 and (
+                now - rec.last_msg_at > cfg.low_rdy_idle_timeout
+                or now - rec.last_rdy_at > cfg.low_rdy_timeout
+            ):
+                self._update_rdy(rec, 0, now)
+            possible.append(rec)
+        if self._backoff_level > 0:
+            available = 1 - self._total_rdy
+        elif len(conns) <= self._max_in_flight:
+            self._rebalance(now)
+            return
+        else:
+            available = self._max_in_flight - self._total_rdy
+        while possible and available > 0:
+            rec = possible.pop(self._rng.randrange(len(possible)))
+            if rec.rdy > 0:
+                continue
+            if self._update_rdy(rec, 1, now):
+                available -= 1
+
+    def set_max_in_flight(self, max_in_flight: int, now: float) -> None:
+        """Change max_in_flight (0 pauses the consumer)."""
+        self._now = now
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or max_in_flight < 0
+        ):
+            raise ConfigError(f"max_in_flight must be an int >= 0, not {max_in_flight!r}")
+        self._max_in_flight = max_in_flight
+        if self._backoff_level > 0 or (TimerKind.BACKOFF_END, None) in self._timers:
+            if max_in_flight == 0:
+                for rec in self._conns.values():
+                    if rec.rdy:
+                        self._update_rdy(rec, 0, now)
+            return
+        self._rebalance(now)
+        self._need_redistribute = True
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    @property
+    def total_rdy(self) -> int:
+        return self._total_rdy
+
+    # ------------------------------------------------------------------ backoff
+
+    @property
+    def backoff_level(self) -> int:
+        return self._backoff_level
+
+    def _backoff_duration(self, level: int) -> float:
+        cfg = self.config
+        return float(min(cfg.max_backoff_duration, cfg.backoff_multiplier * 2**level))
+
+    def _backoff_signal(self, success: bool, now: float) -> None:
+        """go-nsq's startStopContinueBackoff: one result counts per backoff window."""
+        cfg = self.config
+        if not cfg.backoff or self._stopping:
+            return
+        if (TimerKind.BACKOFF_END, None) in self._timers:
+            return
+        level = self._backoff_level
+        updated = False
+        if success:
+            if level > 0:
+                level -= 1
+                updated = True
+        elif self._backoff_duration(level + 1) <= cfg.max_backoff_duration or level == 0:
+            level += 1
+            updated = True
+        else:
+            updated = True  # at the cap: stay there, but start another window
+        self._backoff_level = level
+        if level == 0 and updated:
+            self._outputs.append(BackoffChanged(0, 0.0))
+            self._rebalance(now)
+        elif level > 0:
+            duration = self._backoff_duration(level)
+            for rec in self._conns.values():
+                if rec.rdy:
+                    self._update_rdy(rec, 0, now)
+            self._timers.set((TimerKind.BACKOFF_END, None), now + duration)
+            self._outputs.append(BackoffChanged(level, duration))
+
+    def _backoff_window_over(self, now: float) -> None:
+        if self._stopping:
+            return
+        if self._max_in_flight == 0:
+            return
+        conns = [r for r in self._conns.values() if r.conn.state in _CAN_RDY]
+        if not conns:
+            # nothing to test the waters with: try again in a second (go-nsq)
+            self._timers.set((TimerKind.BACKOFF_END, None), now + 1.0)
+            return
+        choice = conns[self._rng.randrange(len(conns))]
+        if not self._update_rdy(choice, 1, now):
+            self._timers.set((TimerKind.BACKOFF_END, None), now + 1.0)
+
+    # ------------------------------------------------------------------ message answers
+
+    def _take(self, conn_id: ConnId, msg_id: bytes) -> tuple[_Conn, Message] | None:
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return None  # the connection is gone: nsqd will deliver the message again
+        message = rec.in_flight.pop(msg_id, None)
+        if message is None:
+            raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
+        return rec, message
+
+    def finish(self, conn_id: ConnId, msg_id: bytes, now: float) -> bool:
+        """FIN.  Returns False when the connection is gone (nsqd will redeliver)."""
+        self._now = now
+        taken = self._take(conn_id, msg_id)
+        if taken is None:
+            return False
+        rec, _ = taken
+        self.messages_finished += 1
+        rec.conn.finish(msg_id)
+        self._backoff_signal(True, now)
+        self._after_answer(rec, now)
+        return True
+
+    def requeue(
+        self,
+        conn_id: ConnId,
+        msg_id: bytes,
+        now: float,
+        *,
+        delay: float | None = None,
+        backoff: bool = True,
+    ) -> bool:
+        """REQ.  ``delay`` None grows with attempts (go-nsq: default_requeue_delay x attempts,
+        capped at max_requeue_delay).  ``backoff`` makes it count as a failure for backoff."""
+        self._now = now
+        taken = self._take(conn_id, msg_id)
+        if taken is None:
+            return False
+        rec, message = taken
+        cfg = self.config
+        if delay is None:
+            delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+        self.messages_requeued += 1
+        rec.conn.requeue(msg_id, delay)
+        if backoff:
+            self._backoff_signal(False, now)
+        self._after_answer(rec, now)
+        return True
+
+    def touch(self, conn_id: ConnId, msg_id: bytes, now: float) -> bool:
+        """TOUCH (never automatic).  Returns False when the connection is gone."""
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return False
+        if msg_id not in rec.in_flight:
+            raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
+        rec.conn.touch(msg_id)
+        self._pump(rec, now)
+        return True
+
+    def _after_answer(self, rec: _Conn, now: float) -> None:
+        if self._stopping:
+            if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
+                rec.conn.close("consumer stopped")
+        else:
+            self._maybe_update_rdy(rec, now)
+        self._pump(rec, now)
+
+    def in_flight(self, conn_id: ConnId) -> Sequence[Message]:
+        rec = self._conns.get(conn_id)
+        return tuple(rec.in_flight.values()) if rec is not None else ()
+
+    # ------------------------------------------------------------------ stopping
+
+    def stop(self, now: float) -> None:
+        """Graceful stop: CLS everywhere, no more RDY; connections close once the application
+        answered their in-flight messages (or after ``stop_timeout``, which requeues them)."""
+        self._now = now
+        if self._stopping:
+            return
+        self._stopping = True
+        self._timers.cancel_kind(TimerKind.LOOKUPD_POLL)
+        self._timers.cancel_kind(TimerKind.RECONNECT)
+        self._timers.cancel_kind(TimerKind.BACKOFF_END)
+        self._timers.cancel_kind(TimerKind.RDY_REDISTRIBUTE)
+        for rid in list(self._http):
+            self._http_error(rid, LookupdError("consumer stopping"))
+        for rec in list(self._conns.values()):
+            state = rec.conn.state
+            if state in _CAN_RDY:
+                rec.conn.start_close()
+            elif state not in (_S.CLOSING, _S.CLOSE_WAIT):
+                rec.conn.close("consumer stopping")
+            self._pump(rec, now)
+        self._timers.set((TimerKind.STOP_TIMEOUT, None), now + self.config.stop_timeout)
+        self._check_stopped(now)
+
+    def _stop_timeout(self, now: float) -> None:
+        for rec in list(self._conns.values()):
+            for msg_id in list(rec.in_flight):
+                del rec.in_flight[msg_id]
+                if rec.conn.state in (_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT):
+                    rec.conn.requeue(msg_id, 0.0)
+                    self.messages_requeued += 1
+            rec.conn.close("stop timeout")
+            self._pump(rec, now)
+        self._check_stopped(now)
+
+    def _check_stopped(self, now: float = 0.0) -> None:
+        if not self._stopping or self._stopped:
+            return
+        for rec in list(self._conns.values()):
+            if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
+                rec.conn.close("consumer stopped")
+                self._pump(rec, now)
+        if not self._conns:
+            self._stopped = True
+            self._timers.cancel_kind(TimerKind.STOP_TIMEOUT)
+            self._outputs.append(Stopped())
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    # ------------------------------------------------------------------ introspection
+
+    def is_starved(self) -> bool:
+        """The client guide's test: some connection has in-flight messages at >= 85 % of its
+        last RDY, so the application should process the batch it holds."""
+        for rec in self._conns.values():
+            n = len(rec.in_flight)
+            if n > 0 and n >= rec.rdy * 0.85:
+                return True
+        return False
+
+    def connections(self) -> list[ConnectionStats]:
+        return [
+            ConnectionStats(
+                rec.conn_id,
+                rec.key,
+                rec.conn.state.value,
+                rec.rdy,
+                len(rec.in_flight),
+                rec.last_msg_at,
+            )
+            for rec in self._conns.values()
+        ]
+
+    def connection(self, conn_id: ConnId) -> Connection | None:
+        rec = self._conns.get(conn_id)
+        return rec.conn if rec is not None else None
+
+    def close_connection(self, conn_id: ConnId, reason: str = "closed by the application") -> None:
+        rec = self._conns.get(conn_id)
+        if rec is not None:
+            rec.conn.close(reason)
+            self._pump(rec, 0.0)

@@ -1,0 +1,640 @@
+"""The producer core: publishing over pooled, pipelined connections to one or more nsqd.
+
+Requests are validated when they are made, queued, and handed to a ready connection with room
+(``max_outstanding`` unanswered requests per connection).  nsqd answers in order, so each
+connection matches responses to requests FIFO.  A request that fails because its connection
+went away is retried on another connection (failover) up to ``max_attempts`` times; one that nsqd
+refused with an error frame fails with that :class:`ServerError`, except the partitioned
+server's cluster errors, which trigger a new lookup and a retry (as go-nsq does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+
+from . import _commands as cmd
+from ._config import ConfigError, ConnectionConfig
+from ._connection import Connection
+from ._consumer import parse_address
+from ._errors import ConnectionClosedError, LocalProtocolError, LookupdError, NSQError, ServerError
+from ._events import (
+    ConnectionClosed,
+    ConnId,
+    LookupFailed,
+    PublishFailed,
+    PublishSucceeded,
+    Ready,
+)
+from ._lookupd import HttpResponseParser, LookupResult, build_lookup_request, parse_lookup_response
+from ._names import check_topic
+from ._outputs import Connect, HttpRequest, Output
+from ._partitioned import partition_for_key
+from ._state import ConnectionState
+from ._timers import TimerKind, Timers
+
+__all__ = ["ProducerConfig", "Producer", "PublishTimeout"]
+
+_S = ConnectionState
+_RETRY_CODES = frozenset(
+    {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
+)
+
+_PUB = "PUB"
+_MPUB = "MPUB"
+_DPUB = "DPUB"
+
+
+class PublishTimeout(NSQError):
+    """No nsqd acknowledged the publish within ``publish_timeout``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProducerConfig(ConnectionConfig):
+    """Producer settings: connection settings plus pooling, pipelining and retries."""
+
+    #: connections per nsqd
+    pool_size: int = 1
+    #: unanswered requests per connection (pipelining); 1 = one at a time like go-nsq
+    max_outstanding: int = 8
+    #: tries per request over connection losses and cluster errors (1 = never retry)
+    max_attempts: int = 3
+    #: a request not acknowledged within this long fails with PublishTimeout
+    publish_timeout: float = 30.0
+    dial_timeout: float = 1.0
+    reconnect_delay: float = 1.0
+    max_reconnect_delay: float = 60.0
+    reconnect_jitter: float = 0.2
+    lookupd_poll_timeout: float = 10.0
+    #: re-lookup partitioned topics this often
+    lookupd_poll_interval: float = 60.0
+
+    def __post_init__(self) -> None:
+        super(ProducerConfig, self).__post_init__()
+        for name in ("pool_size", "max_outstanding", "max_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, not {value!r}")
+        for name in (
+            "publish_timeout",
+            "dial_timeout",
+            "reconnect_delay",
+            "max_reconnect_delay",
+            "lookupd_poll_timeout",
+            "lookupd_poll_interval",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive number of seconds, not {value!r}")
+        if not 0 <= self.reconnect_jitter <= 1:
+            raise ConfigError("reconnect_jitter must be 0..1")
+
+    def connection_config(self) -> ConnectionConfig:
+        return ConnectionConfig(**{f.name: getattr(self, f.name) for f in fields(ConnectionConfig)})
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: int
+    topic: str
+    kind: str
+    bodies: list[bytes]
+    partition: int | None
+    sharding_key: bytes | None
+    trace_ids: list[int] | None
+    delay: float
+    deadline: float
+    attempts: int = 0
+    conn_id: ConnId = 0
+
+
+@dataclass(slots=True)
+class _PConn:
+    conn_id: ConnId
+    conn: Connection
+    address: tuple[str, int]
+    slot: int
+    #: connection-level request id -> our request
+    outstanding: dict[int, _Request] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _TopicRoute:
+    partition_num: int
+    partitions: dict[int, tuple[str, int]]
+    ordered: bool
+    next_rr: int = 0
+
+
+class Producer:
+    """Producer core.  ``publish*`` return a request id; the answer comes as a
+    :class:`PublishSucceeded` or :class:`PublishFailed` event carrying it."""
+
+    def __init__(
+        self,
+        config: ProducerConfig | None = None,
+        *,
+        nsqd_tcp_addresses: Iterable[str | tuple[str, int]] = (),
+        lookupd_http_addresses: Iterable[str | tuple[str, int]] = (),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config if config is not None else ProducerConfig()
+        self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
+        self._lookupd = [parse_address(a) for a in lookupd_http_addresses]
+        if not self._nsqd and not self._lookupd:
+            raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        self._rng = rng if rng is not None else random.Random()
+        self._conn_config = self.config.connection_config()
+        self._outputs: deque[Output] = deque()
+        self._timers = Timers()
+        self._conns: dict[ConnId, _PConn] = {}
+        self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
+        self._queue: deque[_Request] = deque()
+        self._requests: dict[int, _Request] = {}
+        self._routes: dict[str, _TopicRoute] = {}
+        self._lookups: dict[int, tuple[str, tuple[str, int], HttpResponseParser]] = {}
+        self._lookup_pending: set[str] = set()
+        self._reconnect_attempts: dict[tuple[tuple[str, int], int], int] = {}
+        self._next_conn_id = 1
+        self._next_request_id = 1
+        self._next_http_id = 1
+        self._rr = 0
+        self._now = 0.0
+        self._started = False
+        self._closing = False
+
+    # ------------------------------------------------------------------ outputs and time
+
+    def next_output(self) -> Output | None:
+        if not self._outputs:
+            self._pump_all()
+        return self._outputs.popleft() if self._outputs else None
+
+    def outputs(self) -> list[Output]:
+        self._pump_all()
+        out = list(self._outputs)
+        self._outputs.clear()
+        return out
+
+    def next_deadline(self) -> float | None:
+        deadline = self._timers.next_deadline()
+        for rec in self._conns.values():
+            d = rec.conn.next_deadline()
+            if d is not None and (deadline is None or d < deadline):
+                deadline = d
+        if self._requests:
+            first = min(r.deadline for r in self._requests.values())
+            if deadline is None or first < deadline:
+                deadline = first
+        return deadline
+
+    def handle_timer(self, now: float) -> None:
+        self._now = now
+        for rec in list(self._conns.values()):
+            d = rec.conn.next_deadline()
+            if d is not None and d <= now:
+                rec.conn.handle_timer(now)
+                self._pump(rec)
+        for kind, arg in self._timers.pop_due(now):
+            if kind is TimerKind.RECONNECT:
+                assert isinstance(arg, tuple)
+                address, slot = arg
+                self._open(address, slot)
+            elif kind is TimerKind.HTTP_TIMEOUT:
+                assert isinstance(arg, int)
+                self._lookup_failed(arg, LookupdError("lookupd request timed out"))
+            elif kind is TimerKind.LOOKUPD_POLL:
+                assert isinstance(arg, str)
+                self._lookup(arg)
+        expired = [r for r in self._requests.values() if r.deadline <= now]
+        for req in expired:
+            self._fail(req, PublishTimeout(f"publish {req.request_id} not acknowledged in time"))
+        self._dispatch()
+
+    # ------------------------------------------------------------------ connections
+
+    def start(self, now: float) -> None:
+        """Open the pool to every configured nsqd."""
+        self._now = now
+        if self._started:
+            raise LocalProtocolError("the producer is already started")
+        self._started = True
+        for address in self._nsqd:
+            for slot in range(self.config.pool_size):
+                self._open(address, slot)
+
+    def _open(self, address: tuple[str, int], slot: int) -> None:
+        if self._closing or (address, slot) in self._slots:
+            return
+        conn_id = self._next_conn_id
+        self._next_conn_id += 1
+        rec = _PConn(conn_id, Connection(self._conn_config, conn_id), address, slot)
+        self._conns[conn_id] = rec
+        self._slots[(address, slot)] = conn_id
+        self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
+
+    def connection_made(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is not None:
+            rec.conn.connection_made(now)
+            self._pump(rec)
+
+    def tls_established(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is not None:
+            rec.conn.tls_established(now)
+            self._pump(rec)
+
+    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return
+        with contextlib.suppress(NSQError):  # queued as Close + ConnectionClosed already
+            rec.conn.receive_data(data, now)
+        self._pump(rec)
+        self._dispatch()
+
+    def connection_lost(
+        self, conn_id: ConnId, now: float, error: BaseException | None = None
+    ) -> None:
+        self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is not None:
+            rec.conn.connection_lost(now, error)
+            self._pump(rec)
+            self._dispatch()
+
+    def _pump_all(self) -> None:
+        for rec in list(self._conns.values()):
+            self._pump(rec)
+
+    def _pump(self, rec: _PConn) -> None:
+        conn = rec.conn
+        out = self._outputs
+        while (item := conn.next_output()) is not None:
+            if type(item) is PublishSucceeded:
+                req = rec.outstanding.pop(item.request_id, None)
+                if req is not None:
+                    self._requests.pop(req.request_id, None)
+                    out.append(PublishSucceeded(rec.conn_id, req.request_id, item.receipt))
+            elif type(item) is PublishFailed:
+                req = rec.outstanding.pop(item.request_id, None)
+                if req is not None:
+                    self._failed_on_connection(req, item.error)
+            elif isinstance(item, Ready):
+                out.append(item)
+                self._reconnect_attempts.pop((rec.address, rec.slot), None)
+            elif isinstance(item, ConnectionClosed):
+                out.append(item)
+                self._on_closed(rec)
+            else:
+                out.append(item)
+
+    def _on_closed(self, rec: _PConn) -> None:
+        self._conns.pop(rec.conn_id, None)
+        if self._slots.get((rec.address, rec.slot)) == rec.conn_id:
+            del self._slots[(rec.address, rec.slot)]
+        for req in list(rec.outstanding.values()):
+            self._failed_on_connection(req, ConnectionClosedError("connection closed"))
+        rec.outstanding.clear()
+        if self._closing:
+            return
+        key = (rec.address, rec.slot)
+        if rec.address in self._nsqd or self._wanted_address(rec.address):
+            attempt = self._reconnect_attempts.get(key, 0) + 1
+            self._reconnect_attempts[key] = attempt
+            cfg = self.config
+            delay = min(cfg.max_reconnect_delay, cfg.reconnect_delay * 2 ** (attempt - 1))
+            delay *= 1 - cfg.reconnect_jitter * self._rng.random()
+            self._timers.set((TimerKind.RECONNECT, key), self._now + delay)
+
+    def _wanted_address(self, address: tuple[str, int]) -> bool:
+        return any(address in r.partitions.values() for r in self._routes.values())
+
+    def _failed_on_connection(self, req: _Request, error: NSQError) -> None:
+        retryable = not isinstance(error, ServerError) or error.code in _RETRY_CODES
+        if isinstance(error, ServerError) and error.code in _RETRY_CODES:
+            self._invalidate_route(req.topic)
+        if retryable and req.attempts < self.config.max_attempts and req.deadline > self._now:
+            self._queue.appendleft(req)  # keep its place ahead of newer requests
+            return
+        self._fail(req, error)
+
+    def _fail(self, req: _Request, error: NSQError) -> None:
+        self._requests.pop(req.request_id, None)
+        with contextlib.suppress(ValueError):
+            self._queue.remove(req)
+        for rec in self._conns.values():
+            for rid, r in list(rec.outstanding.items()):
+                if r is req:
+                    del rec.outstanding[rid]  # a late answer is then ignored
+        self._outputs.append(PublishFailed(req.conn_id, req.request_id, error))
+
+    # ------------------------------------------------------------------ publishing
+
+    def _new_request(
+        self,
+        topic: str,
+        kind: str,
+        bodies: list[bytes],
+        now: float,
+        *,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_ids: list[int] | None = None,
+        delay: float = 0.0,
+    ) -> int:
+        if self._closing:
+            raise LocalProtocolError("the producer is closing")
+        self._now = now
+        check_topic(topic)
+        if not bodies:
+            raise LocalProtocolError("nothing to publish")
+        for body in bodies:
+            if not isinstance(body, bytes | bytearray | memoryview) or not len(body):
+                raise LocalProtocolError("message bodies must be non-empty bytes")
+        if partition is not None and sharding_key is not None:
+            raise LocalProtocolError("give a partition or a sharding key, not both")
+        if partition is not None and (isinstance(partition, bool) or partition < 0):
+            raise LocalProtocolError(f"partition must be a non-negative int, not {partition!r}")
+        if isinstance(sharding_key, str):
+            sharding_key = sharding_key.encode()
+        if sharding_key is not None and not self._lookupd:
+            raise LocalProtocolError("a sharding key needs lookupd (to learn the partition count)")
+        if delay < 0:
+            raise LocalProtocolError("delay cannot be negative")
+        rid = self._next_request_id
+        self._next_request_id += 1
+        req = _Request(
+            rid,
+            topic,
+            kind,
+            [bytes(b) for b in bodies],
+            partition,
+            sharding_key,
+            trace_ids,
+            delay,
+            now + self.config.publish_timeout,
+        )
+        self._requests[rid] = req
+        self._queue.append(req)
+        if self._lookupd and topic not in self._routes:
+            self._lookup(topic)
+        self._dispatch()
+        return rid
+
+    def publish(
+        self,
+        topic: str,
+        body: bytes,
+        now: float,
+        *,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_id: int | None = None,
+        delay: float | None = None,
+    ) -> int:
+        """PUB (DPUB with ``delay`` seconds, PUB_TRACE with ``trace_id``)."""
+        if delay is not None and (trace_id is not None or partition is not None):
+            raise LocalProtocolError("DPUB takes neither a partition nor a trace id")
+        if trace_id is not None:
+            cmd.pub_trace("t", trace_id, b"x")  # validates the trace id now
+        kind = _DPUB if delay is not None else _PUB
+        return self._new_request(
+            topic,
+            kind,
+            [body],
+            now,
+            partition=partition,
+            sharding_key=sharding_key,
+            trace_ids=None if trace_id is None else [trace_id],
+            delay=delay or 0.0,
+        )
+
+    def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        now: float,
+        *,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_ids: Iterable[int] | None = None,
+    ) -> int:
+        """MPUB (MPUB_TRACE with ``trace_ids``, one per body)."""
+        items = list(bodies)
+        traces = None if trace_ids is None else list(trace_ids)
+        if traces is not None:
+            if len(traces) != len(items):
+                raise LocalProtocolError("give one trace id per body")
+            cmd.mpub_trace("t", [(t, b"x") for t in traces])
+        return self._new_request(
+            topic,
+            _MPUB,
+            items,
+            now,
+            partition=partition,
+            sharding_key=sharding_key,
+            trace_ids=traces,
+        )
+
+    def _encode(self, req: _Request, partition: int | None) -> tuple[bytes, bool]:
+        traced = req.trace_ids is not None
+        if req.kind == _DPUB:
+            return cmd.dpub(req.topic, round(req.delay * 1000), req.bodies[0]), False
+        if req.kind == _PUB:
+            if req.trace_ids is not None:
+                return cmd.pub_trace(req.topic, req.trace_ids[0], req.bodies[0], partition), True
+            return cmd.pub(req.topic, req.bodies[0], partition), False
+        if req.trace_ids is not None:
+            return cmd.mpub_trace(
+                req.topic, list(zip(req.trace_ids, req.bodies, strict=True)), partition
+            ), True
+        return cmd.mpub(req.topic, req.bodies, partition), traced
+
+    def _route(self, req: _Request) -> tuple[tuple[str, int] | None, int | None] | None:
+        """Where a request goes: (address or None for any, partition); None: not yet known."""
+        if not self._lookupd:
+            return None, req.partition
+        route = self._routes.get(req.topic)
+        if route is None:
+            return None
+        if not route.partitions:
+            return None, req.partition  # standard server behind lookupd: any of our nsqd
+        if req.sharding_key is not None:
+            pid = partition_for_key(req.sharding_key, route.partition_num)
+        elif req.partition is not None:
+            pid = req.partition
+        else:
+            pids = sorted(route.partitions)
+            pid = pids[route.next_rr % len(pids)]
+            route.next_rr += 1
+        address = route.partitions.get(pid)
+        if address is None:
+            return None
+        return address, pid
+
+    def _pick(self, address: tuple[str, int] | None) -> _PConn | None:
+        cap = self.config.max_outstanding
+        best: _PConn | None = None
+        for rec in self._conns.values():
+            if address is not None and rec.address != address:
+                continue
+            if rec.conn.state is not _S.READY or len(rec.outstanding) >= cap:
+                continue
+            if best is None or len(rec.outstanding) < len(best.outstanding):
+                best = rec
+        return best
+
+    def _dispatch(self) -> None:
+        queue = self._queue
+        skipped: list[_Request] = []
+        while queue:
+            req = queue.popleft()
+            routed = self._route(req)
+            if routed is None:
+                skipped.append(req)
+                continue
+            address, partition = routed
+            rec = self._pick(address)
+            if rec is None:
+                if address is not None:
+                    for slot in range(self.config.pool_size):
+                        self._open(address, slot)
+                skipped.append(req)
+                if address is None:
+                    break  # every connection is busy: keep FIFO order
+                continue
+            data, traced = self._encode(req, partition)
+            req.attempts += 1
+            req.conn_id = rec.conn_id
+            crid = rec.conn.publish_encoded(data, traced=traced)
+            rec.outstanding[crid] = req
+        queue.extendleft(reversed(skipped))
+
+    # ------------------------------------------------------------------ partitioned lookup
+
+    def _lookup(self, topic: str) -> None:
+        if topic in self._lookup_pending or self._closing:
+            return
+        self._lookup_pending.add(topic)
+        for host, port in self._lookupd:
+            hid = self._next_http_id
+            self._next_http_id += 1
+            data = build_lookup_request(
+                host,
+                port,
+                topic,
+                access="w",
+                metainfo=True,
+                user_agent=self.config.user_agent or "nsq_proto",
+            )
+            self._lookups[hid] = (topic, (host, port), HttpResponseParser())
+            self._outputs.append(
+                HttpRequest(hid, host, port, data, self.config.lookupd_poll_timeout)
+            )
+            self._timers.set(
+                (TimerKind.HTTP_TIMEOUT, hid), self._now + self.config.lookupd_poll_timeout
+            )
+
+    def http_data(self, request_id: int, data: bytes, now: float) -> None:
+        self._now = now
+        entry = self._lookups.get(request_id)
+        if entry is None:
+            return
+        topic, _, parser = entry
+        try:
+            response = parser.receive_data(data)
+            if response is None:
+                if not data:
+                    raise LookupdError("lookupd closed the connection before a full response")
+                return
+            result = parse_lookup_response(response.status, response.body)
+        except LookupdError as exc:
+            self._lookup_failed(request_id, exc)
+            return
+        del self._lookups[request_id]
+        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+        self._apply_lookup(topic, result)
+        self._dispatch()
+
+    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
+        self._now = now
+        exc = LookupdError(f"lookupd request failed: {error}")
+        exc.__cause__ = error
+        self._lookup_failed(request_id, exc)
+
+    def _lookup_failed(self, request_id: int, error: NSQError) -> None:
+        entry = self._lookups.pop(request_id, None)
+        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+        if entry is None:
+            return
+        topic, address, _ = entry
+        self._outputs.append(LookupFailed(address, error))
+        if not any(t == topic for t, _, _ in self._lookups.values()):
+            self._lookup_pending.discard(topic)
+            # try again a little later; waiting requests time out on their own deadline
+            self._timers.set((TimerKind.LOOKUPD_POLL, topic), self._now + 1.0)
+
+    def _apply_lookup(self, topic: str, result: LookupResult) -> None:
+        if not any(t == topic for t, _, _ in self._lookups.values()):
+            self._lookup_pending.discard(topic)
+        meta = result.meta
+        partitions = {pid: p.address for pid, p in result.partitions.items()}
+        old = self._routes.get(topic)
+        if old is not None and old.partitions and not partitions:
+            return  # keep what we know until an answer says something useful
+        num = meta.partition_num if meta is not None and meta.partition_num > 0 else len(partitions)
+        route = _TopicRoute(num, partitions, bool(meta and meta.ordered))
+        if old is not None:
+            route.next_rr = old.next_rr
+        self._routes[topic] = route
+        if not partitions and not self._nsqd:
+            # standard nsqd behind lookupd: publish to the nsqd it lists
+            for producer in result.producers:
+                if producer.address not in self._nsqd:
+                    self._nsqd.append(producer.address)
+                    for slot in range(self.config.pool_size):
+                        self._open(producer.address, slot)
+        for address in set(partitions.values()):
+            for slot in range(self.config.pool_size):
+                self._open(address, slot)
+        self._timers.set(
+            (TimerKind.LOOKUPD_POLL, topic), self._now + self.config.lookupd_poll_interval
+        )
+
+    def _invalidate_route(self, topic: str) -> None:
+        self._routes.pop(topic, None)
+        if self._lookupd:
+            self._lookup(topic)
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self, now: float) -> None:
+        """Close every connection; requests not yet answered fail."""
+        self._now = now
+        self._closing = True
+        self._timers = Timers()
+        for req in list(self._queue):
+            self._fail(req, ConnectionClosedError("producer closed"))
+        for rec in list(self._conns.values()):
+            rec.conn.close("producer closed")
+            self._pump(rec)
+
+    @property
+    def pending(self) -> int:
+        """Requests not yet answered (queued or sent)."""
+        return len(self._requests)
+
+    def connections(self) -> list[tuple[ConnId, tuple[str, int], str, int]]:
+        return [
+            (r.conn_id, r.address, r.conn.state.value, len(r.outstanding))
+            for r in self._conns.values()
+        ]

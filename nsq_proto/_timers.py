@@ -1,0 +1,62 @@
+"""Named timers: one deadline per key; setting a key replaces its deadline."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from enum import Enum
+
+__all__ = ["TimerKind", "TimerKey", "Timers"]
+
+
+class TimerKind(Enum):
+    #: poll every lookupd again
+    LOOKUPD_POLL = "LOOKUPD_POLL"
+    #: a lookupd HTTP request took too long
+    HTTP_TIMEOUT = "HTTP_TIMEOUT"
+    #: reconnect to an nsqd of the fixed list
+    RECONNECT = "RECONNECT"
+    #: the backoff window is over: test the waters with RDY 1
+    BACKOFF_END = "BACKOFF_END"
+    #: periodic RDY redistribution (max_in_flight < connections, or backoff)
+    RDY_REDISTRIBUTE = "RDY_REDISTRIBUTE"
+    #: a graceful stop waited long enough for the application
+    STOP_TIMEOUT = "STOP_TIMEOUT"
+    #: retry a publish after a lookup refresh (producer)
+    RETRY = "RETRY"
+
+
+TimerKey = tuple[TimerKind, Hashable]
+
+
+class Timers:
+    """A small registry; ``pop_due`` returns due keys in deadline order."""
+
+    __slots__ = ("_deadlines",)
+
+    def __init__(self) -> None:
+        self._deadlines: dict[TimerKey, float] = {}
+
+    def set(self, key: TimerKey, deadline: float) -> None:
+        self._deadlines[key] = deadline
+
+    def cancel(self, key: TimerKey) -> None:
+        self._deadlines.pop(key, None)
+
+    def cancel_kind(self, kind: TimerKind) -> None:
+        for key in [k for k in self._deadlines if k[0] is kind]:
+            del self._deadlines[key]
+
+    def deadline(self, key: TimerKey) -> float | None:
+        return self._deadlines.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._deadlines
+
+    def next_deadline(self) -> float | None:
+        return min(self._deadlines.values(), default=None)
+
+    def pop_due(self, now: float) -> list[TimerKey]:
+        due = sorted((d, i, k) for i, (k, d) in enumerate(self._deadlines.items()) if d <= now)
+        for _, _, key in due:
+            del self._deadlines[key]
+        return [key for _, _, key in due]

@@ -1,0 +1,372 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nsq_proto import (
+    ConnectionClosed,
+    LocalProtocolError,
+    MessageReceived,
+    Send,
+)
+from nsq_proto._config import ConfigError
+from nsq_proto._consumer import Consumer, ConsumerConfig, parse_address
+from nsq_proto._events import BackoffChanged, LookupFailed, MessageGivenUp, Stopped
+from nsq_proto._outputs import Close, Connect, HttpRequest
+from nsq_proto._timers import TimerKind
+
+from .helpers import error, identify_response, message, mid, response
+
+
+def sends(outputs: list[object]) -> dict[int, bytes]:
+    got: dict[int, bytes] = {}
+    for o in outputs:
+        if isinstance(o, Send):
+            got[o.conn_id] = got.get(o.conn_id, b"") + o.data
+    return got
+
+
+def start(n: int = 2, now: float = 0.0, **config: object) -> tuple[Consumer, list[int]]:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(**config),  # type: ignore[arg-type]
+        nsqd_tcp_addresses=[f"10.0.0.{i}:4150" for i in range(n)],
+        rng=random.Random(1),
+    )
+    core.start(now)
+    conns = [o.conn_id for o in core.outputs() if isinstance(o, Connect)]
+    assert len(conns) == n
+    for c in conns:
+        core.connection_made(c, now)
+        core.receive_data(c, identify_response(), now)
+        core.receive_data(c, response(b"OK"), now)
+    core.outputs()
+    return core, conns
+
+
+def rdy_of(core: Consumer) -> dict[int, int]:
+    return {s.conn_id: s.rdy for s in core.connections()}
+
+
+def test_parse_address() -> None:
+    assert parse_address("127.0.0.1:4150") == ("127.0.0.1", 4150)
+    assert parse_address("[::1]:4150") == ("::1", 4150)
+    for bad in ("nohost", ":4150", "h:0", "h:70000", "h:x"):
+        with pytest.raises(ConfigError):
+            parse_address(bad)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_in_flight": -1},
+        {"max_attempts": -1},
+        {"lookupd_poll_jitter": 1.5},
+        {"lookupd_poll_interval": 0},
+        {"backoff_multiplier": float("nan")},
+        {"heartbeat_interval": 0.5},
+    ],
+)
+def test_invalid_config(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        ConsumerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_handshake_subscribes_with_initial_rdy_1() -> None:
+    core = Consumer("t", "c", ConsumerConfig(max_in_flight=10), nsqd_tcp_addresses=["h:4150"])
+    core.start(0.0)
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    assert (connect.host, connect.port) == ("h", 4150)
+    core.connection_made(connect.conn_id, 0.0)
+    assert sends(core.outputs())[connect.conn_id].startswith(b"  V2IDENTIFY\n")
+    core.receive_data(connect.conn_id, identify_response(), 0.0)
+    assert sends(core.outputs())[connect.conn_id] == b"SUB t c\nRDY 1\n"
+    core.receive_data(connect.conn_id, response(b"OK") + message(mid(1), b"a"), 0.0)
+    (ev,) = [o for o in core.outputs() if isinstance(o, MessageReceived)]
+    # after the first message is answered the connection goes to its full share
+    core.finish(ev.conn_id, ev.message.id, 0.1)
+    assert sends(core.outputs())[connect.conn_id] == b"FIN " + mid(1) + b"\nRDY 10\n"
+    assert core.total_rdy == 10
+
+
+def test_rdy_is_spread_and_never_exceeds_max_in_flight() -> None:
+    core, conns = start(3, max_in_flight=10)
+    assert sum(rdy_of(core).values()) <= 10
+    for i, c in enumerate(conns):
+        core.receive_data(c, message(mid(i), b"x"), 1.0)
+    for o in core.outputs():
+        if isinstance(o, MessageReceived):
+            core.finish(o.conn_id, o.message.id, 1.0)
+    assert rdy_of(core) == {c: 3 for c in conns}
+    assert core.total_rdy == 9
+
+
+def test_max_in_flight_below_connections_rotates() -> None:
+    core, conns = start(3, max_in_flight=1, low_rdy_idle_timeout=10.0)
+    rdy = rdy_of(core)
+    assert sum(rdy.values()) == 1
+    first = next(c for c, r in rdy.items() if r == 1)
+    seen = {first}
+    now = 0.0
+    for _ in range(40):
+        now += 5.0
+        core.handle_timer(now)
+        rdy = rdy_of(core)
+        assert sum(rdy.values()) <= 1
+        seen |= {c for c, r in rdy.items() if r == 1}
+        # keep connections alive
+        for c in conns:
+            core.receive_data(c, response(b"_heartbeat_"), now)
+        core.outputs()
+    assert seen == set(conns)
+
+
+def test_max_attempts_gives_up_and_finishes() -> None:
+    core, (c,) = start(1, max_attempts=3)
+    core.receive_data(c, message(mid(1), b"x", attempts=4), 0.0)
+    out = core.outputs()
+    (given_up,) = [o for o in out if isinstance(o, MessageGivenUp)]
+    assert given_up.finished and given_up.message.attempts == 4
+    assert not [o for o in out if isinstance(o, MessageReceived)]
+    assert sends(out)[c] == b"FIN " + mid(1) + b"\n"
+    assert core.messages_given_up == 1
+
+
+def test_answering_twice_is_a_local_error() -> None:
+    core, (c,) = start(1)
+    core.receive_data(c, message(mid(1), b"x"), 0.0)
+    core.outputs()
+    assert core.finish(c, mid(1), 0.0)
+    with pytest.raises(LocalProtocolError):
+        core.finish(c, mid(1), 0.0)
+    with pytest.raises(LocalProtocolError):
+        core.requeue(c, mid(2), 0.0)
+
+
+def test_requeue_delay_grows_with_attempts_up_to_the_cap() -> None:
+    core, (c,) = start(1, default_requeue_delay=10.0, max_requeue_delay=25.0, backoff=False)
+    core.receive_data(c, message(mid(1), b"x", attempts=1) + message(mid(2), b"y", attempts=2), 0.0)
+    core.receive_data(c, message(mid(3), b"z", attempts=3), 0.0)
+    core.outputs()
+    core.requeue(c, mid(1), 0.0)
+    core.requeue(c, mid(2), 0.0)
+    core.requeue(c, mid(3), 0.0)
+    data = sends(core.outputs())[c]
+    assert b"REQ " + mid(1) + b" 10000\n" in data
+    assert b"REQ " + mid(2) + b" 20000\n" in data
+    assert b"REQ " + mid(3) + b" 25000\n" in data
+
+
+def test_backoff_enters_tests_the_waters_and_recovers() -> None:
+    core, conns = start(2, max_in_flight=4, backoff_multiplier=1.0)
+    for i, c in enumerate(conns):
+        core.receive_data(c, message(mid(i), b"x"), 0.0)
+    msgs = [o for o in core.outputs() if isinstance(o, MessageReceived)]
+    core.finish(msgs[0].conn_id, msgs[0].message.id, 0.0)
+    core.outputs()
+    core.requeue(msgs[1].conn_id, msgs[1].message.id, 0.0)
+    out = core.outputs()
+    assert BackoffChanged(1, 2.0) in out
+    assert core.total_rdy == 0
+    assert all(b"RDY 0\n" in d for d in sends(out).values() if b"RDY" in d)
+    assert core.next_deadline() == 2.0
+    core.handle_timer(2.0)
+    rdy = rdy_of(core)
+    assert sorted(rdy.values()) == [0, 1]
+    tester = next(c for c, r in rdy.items() if r == 1)
+    core.receive_data(tester, message(mid(9), b"x", attempts=2), 2.1)
+    core.outputs()
+    core.finish(tester, mid(9), 2.2)
+    out = core.outputs()
+    assert BackoffChanged(0, 0.0) in out
+    assert sum(rdy_of(core).values()) == 4
+
+
+def test_results_during_a_backoff_window_are_ignored() -> None:
+    core, (c,) = start(1, max_in_flight=5)
+    core.receive_data(c, message(mid(1), b"x") + message(mid(2), b"y"), 0.0)
+    core.outputs()
+    core.requeue(c, mid(1), 0.0)
+    core.requeue(c, mid(2), 0.5)  # inside the window: does not grow the level
+    assert core.backoff_level == 1
+
+
+def test_backoff_can_be_switched_off() -> None:
+    core, (c,) = start(1, max_in_flight=5, backoff=False)
+    core.receive_data(c, message(mid(1), b"x"), 0.0)
+    core.outputs()
+    core.requeue(c, mid(1), 0.0)
+    assert core.backoff_level == 0
+    assert core.total_rdy > 0
+
+
+def test_lost_connection_reconnects_with_exponential_backoff() -> None:
+    core, (c,) = start(1, reconnect_delay=8.0, reconnect_jitter=0.0)
+    core.connection_lost(c, 1.0, OSError("reset"))
+    out = core.outputs()
+    assert any(isinstance(o, ConnectionClosed) for o in out)
+    assert core.total_rdy == 0
+    key = (TimerKind.RECONNECT, (("10.0.0.0", 4150), None))
+    assert core._timers.deadline(key) == 9.0
+    core.handle_timer(9.0)
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_lost(connect.conn_id, 9.5, OSError("refused"))
+    core.outputs()
+    assert core._timers.deadline(key) == 25.5
+
+
+def test_fatal_error_closes_only_that_connection() -> None:
+    core, conns = start(2, max_in_flight=2)
+    core.receive_data(conns[0], error(b"E_INVALID cannot SUB in current state"), 0.0)
+    out = core.outputs()
+    assert Close in [type(o) for o in out]
+    assert [s.conn_id for s in core.connections()] == [conns[1]]
+
+
+def test_garbage_from_one_nsqd_does_not_break_the_others() -> None:
+    core, conns = start(2, max_in_flight=2)
+    core.receive_data(conns[0], b"\x00\x00\x00\x01garbage", 0.0)
+    assert [s.conn_id for s in core.connections()] == [conns[1]]
+    core.receive_data(conns[1], message(mid(1), b"x"), 0.0)
+    assert any(isinstance(o, MessageReceived) for o in core.outputs())
+
+
+def test_graceful_stop_waits_for_in_flight_then_closes() -> None:
+    core, (c,) = start(1, max_in_flight=2)
+    core.receive_data(c, message(mid(1), b"x"), 0.0)
+    core.outputs()
+    core.stop(1.0)
+    assert sends(core.outputs())[c] == b"CLS\n"
+    core.receive_data(c, response(b"CLOSE_WAIT"), 1.1)
+    out = core.outputs()
+    assert not any(isinstance(o, Close) for o in out)
+    core.finish(c, mid(1), 1.2)
+    out = core.outputs()
+    assert sends(out)[c] == b"FIN " + mid(1) + b"\n"
+    assert any(isinstance(o, Close) for o in out)
+    assert any(isinstance(o, Stopped) for o in out)
+    assert core.stopped
+
+
+def test_graceful_stop_requeues_unanswered_messages_on_timeout() -> None:
+    core, (c,) = start(1, max_in_flight=2, stop_timeout=5.0)
+    core.receive_data(c, message(mid(1), b"x"), 0.0)
+    core.outputs()
+    core.stop(1.0)
+    core.receive_data(c, response(b"CLOSE_WAIT"), 1.1)
+    core.outputs()
+    core.handle_timer(6.0)
+    out = core.outputs()
+    assert sends(out)[c] == b"REQ " + mid(1) + b" 0\n"
+    assert any(isinstance(o, Stopped) for o in out)
+    assert core.finish(c, mid(1), 7.0) is False
+
+
+def test_is_starved() -> None:
+    core, (c,) = start(1, max_in_flight=4)
+    core.receive_data(c, message(mid(1), b"x"), 0.0)
+    core.outputs()
+    core.finish(c, mid(1), 0.0)
+    core.outputs()
+    assert not core.is_starved()
+    core.receive_data(c, b"".join(message(mid(i), b"x") for i in range(2, 6)), 0.0)
+    core.outputs()
+    assert core.is_starved()
+
+
+LOOKUP_BODY = (
+    b'{"channels":["c"],"producers":[{"remote_address":"127.0.0.1:1","hostname":"h",'
+    b'"broadcast_address":"n1","tcp_port":4150,"http_port":4151,"version":"1.3.0"},'
+    b'{"remote_address":"127.0.0.1:2","hostname":"h","broadcast_address":"n2","tcp_port":4150,'
+    b'"http_port":4151,"version":"1.3.0"}]}'
+)
+
+
+def http_response(body: bytes, status: bytes = b"200 OK") -> bytes:
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+        + body
+    )
+
+
+def test_lookupd_poll_connects_and_reconnects_only_when_listed_again() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(lookupd_poll_interval=60.0, lookupd_poll_jitter=0.3),
+        lookupd_http_addresses=["l1:4161", "l2:4161"],
+        rng=random.Random(3),
+    )
+    core.start(0.0)
+    reqs = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    assert [(r.host, r.port) for r in reqs] == [("l1", 4161), ("l2", 4161)]
+    assert reqs[0].data.startswith(b"GET /lookup?topic=t&access=r&metainfo=true HTTP/1.1\r\n")
+    core.http_data(reqs[0].request_id, http_response(LOOKUP_BODY), 0.1)
+    core.http_data(reqs[1].request_id, http_response(LOOKUP_BODY), 0.1)
+    connects = [o for o in core.outputs() if isinstance(o, Connect)]
+    assert sorted((c.host, c.port) for c in connects) == [("n1", 4150), ("n2", 4150)]
+    poll_at = core._timers.deadline((TimerKind.LOOKUPD_POLL, None))
+    assert poll_at is not None and 60.0 <= poll_at <= 78.0
+    # n1 dies: no reconnect until a poll lists it again
+    core.connection_lost(connects[0].conn_id, 1.0, OSError("x"))
+    core.outputs()
+    assert (TimerKind.RECONNECT, (("n1", 4150), None)) not in core._timers
+    core.handle_timer(poll_at)
+    reqs = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    core.http_data(reqs[0].request_id, http_response(LOOKUP_BODY), poll_at)
+    assert [(c.host, c.port) for c in core.outputs() if isinstance(c, Connect)] == [("n1", 4150)]
+
+
+def test_hostile_lookupd_answer_is_a_failed_poll() -> None:
+    core = Consumer("t", "c", lookupd_http_addresses=["l1:4161"])
+    core.start(0.0)
+    (req,) = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    core.http_data(req.request_id, http_response(b'{"producers": [{"tcp_port": "x"}]}'), 0.0)
+    (failed,) = [o for o in core.outputs() if isinstance(o, LookupFailed)]
+    assert failed.address == ("l1", 4161)
+
+
+def test_lookupd_timeout() -> None:
+    core = Consumer(
+        "t", "c", ConsumerConfig(lookupd_poll_timeout=2.0), lookupd_http_addresses=["l1:4161"]
+    )
+    core.start(0.0)
+    core.outputs()
+    core.handle_timer(2.0)
+    assert any(isinstance(o, LookupFailed) for o in core.outputs())
+
+
+PARTITIONED_BODY = (
+    b'{"status_code":200,"status_txt":"OK","data":{"channels":[],"meta":{"partition_num":2,'
+    b'"replica":1,"extend_support":false,"ordered":true,"multi_part":false,'
+    b'"disable_channel_auto_create":false},"producers":[],"partitions":{'
+    b'"0":{"id":"a","remote_address":"a","hostname":"h","broadcast_address":"n1","tcp_port":4150,'
+    b'"http_port":4151,"version":"0.3.7-HA.1.13.0","distributed_id":""},'
+    b'"1":{"id":"b","remote_address":"b","hostname":"h","broadcast_address":"n2","tcp_port":4150,'
+    b'"http_port":4151,"version":"0.3.7-HA.1.13.0","distributed_id":""}}}}'
+)
+
+
+def test_partitioned_ordered_topic_subscribes_each_partition_with_sub_ordered() -> None:
+    core = Consumer("t", "c", ConsumerConfig(max_in_flight=10), lookupd_http_addresses=["l:4161"])
+    core.start(0.0)
+    (req,) = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    core.http_data(req.request_id, http_response(PARTITIONED_BODY), 0.0)
+    connects = [o for o in core.outputs() if isinstance(o, Connect)]
+    assert len(connects) == 2
+    for c in connects:
+        core.connection_made(c.conn_id, 0.0)
+        core.receive_data(c.conn_id, identify_response(version="0.3.7-HA.1.13.0"), 0.0)
+    data = sends(core.outputs())
+    assert data[connects[0].conn_id].endswith(b"SUB_ORDERED t c 0\nRDY 1\n")
+    assert data[connects[1].conn_id].endswith(b"SUB_ORDERED t c 1\nRDY 1\n")
+    # ordered connections never go above RDY 1
+    for c in connects:
+        core.receive_data(c.conn_id, response(b"OK"), 0.0)
+    assert max(rdy_of(core).values()) == 1

@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nsq_proto import (
+    ConnectionClosedError,
+    InvalidName,
+    LocalProtocolError,
+    PublishFailed,
+    PublishSucceeded,
+    Send,
+    ServerError,
+    TraceReceipt,
+)
+from nsq_proto import commands as cmd
+from nsq_proto._features import encode_trace_receipt
+from nsq_proto._outputs import Connect, HttpRequest
+from nsq_proto._partitioned import partition_for_key
+from nsq_proto._producer import Producer, ProducerConfig, PublishTimeout
+
+from .helpers import error, identify_response, response
+from .test_consumer import http_response
+
+
+def sends(outputs: list[object]) -> dict[int, bytes]:
+    got: dict[int, bytes] = {}
+    for o in outputs:
+        if isinstance(o, Send):
+            got[o.conn_id] = got.get(o.conn_id, b"") + o.data
+    return got
+
+
+def started(
+    addresses: list[str], version: str = "1.3.0", **config: object
+) -> tuple[Producer, dict[str, int]]:
+    core = Producer(ProducerConfig(**config), nsqd_tcp_addresses=addresses, rng=random.Random(0))  # type: ignore[arg-type]
+    core.start(0.0)
+    ids: dict[str, int] = {}
+    for o in core.outputs():
+        assert isinstance(o, Connect)
+        ids[f"{o.host}:{o.port}"] = o.conn_id
+        core.connection_made(o.conn_id, 0.0)
+        core.receive_data(o.conn_id, identify_response(version=version), 0.0)
+    core.outputs()
+    return core, ids
+
+
+def test_publish_round_trip_and_request_ids() -> None:
+    core, ids = started(["n1:4150"])
+    (c,) = ids.values()
+    r1 = core.publish("t", b"hello", 0.0)
+    r2 = core.publish_many("t", [b"m1", b"m2", b"m3"], 0.0)
+    r3 = core.publish("t", b"deferred", 0.0, delay=1.0)
+    assert sends(core.outputs())[c] == (
+        cmd.pub("t", b"hello")
+        + cmd.mpub("t", [b"m1", b"m2", b"m3"])
+        + cmd.dpub("t", 1000, b"deferred")
+    )
+    core.receive_data(c, response(b"OK") * 3, 0.1)
+    out = [o for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert [o.request_id for o in out] == [r1, r2, r3]
+    assert core.pending == 0
+
+
+def test_validation_happens_at_the_call() -> None:
+    core, _ = started(["n1:4150"])
+    with pytest.raises(InvalidName):
+        core.publish("bad!topic", b"x", 0.0)
+    with pytest.raises(LocalProtocolError):
+        core.publish("t", b"", 0.0)
+    with pytest.raises(LocalProtocolError):
+        core.publish_many("t", [], 0.0)
+    with pytest.raises(LocalProtocolError):
+        core.publish("t", b"x", 0.0, sharding_key="k")  # needs lookupd
+    with pytest.raises(LocalProtocolError):
+        core.publish_many("t", [b"a"], 0.0, trace_ids=[1, 2])
+    assert core.pending == 0
+
+
+def test_pipelining_is_bounded_per_connection() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=2)
+    (c,) = ids.values()
+    rids = [core.publish("t", b"%d" % i, 0.0) for i in range(5)]
+    assert sends(core.outputs())[c] == cmd.pub("t", b"0") + cmd.pub("t", b"1")
+    core.receive_data(c, response(b"OK"), 0.1)
+    out = core.outputs()
+    assert [o.request_id for o in out if isinstance(o, PublishSucceeded)] == [rids[0]]
+    assert sends(out)[c] == cmd.pub("t", b"2")
+    core.receive_data(c, response(b"OK") * 2, 0.2)
+    assert sends(core.outputs())[c] == cmd.pub("t", b"3") + cmd.pub("t", b"4")
+    core.receive_data(c, response(b"OK") * 2, 0.3)
+    assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == rids[3:]
+    assert core.pending == 0
+
+
+def test_fatal_error_fails_the_request_and_fails_over_the_rest() -> None:
+    core, ids = started(["n1:4150", "n2:4150"], max_outstanding=4)
+    c1, c2 = ids["n1:4150"], ids["n2:4150"]
+    rids = [core.publish("t", b"%d" % i, 0.0) for i in range(4)]
+    first = sends(core.outputs())
+    assert set(first) == {c1, c2}
+    # n1 holds requests 0 and 2 (least outstanding first); it refuses 0 fatally
+    core.receive_data(c1, error(b"E_BAD_MESSAGE PUB message too big 9 > 1"), 0.1)
+    out = core.outputs()
+    failed = [o for o in out if isinstance(o, PublishFailed)]
+    assert [f.request_id for f in failed] == [rids[0]]
+    assert isinstance(failed[0].error, ServerError) and failed[0].error.code == "E_BAD_MESSAGE"
+    # request 2 went over to n2 (after n2's own two)
+    assert sends(out)[c2] == cmd.pub("t", b"2")
+    core.receive_data(c2, response(b"OK") * 3, 0.2)
+    ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert sorted(ok) == [rids[1], rids[2], rids[3]]
+
+
+def test_connection_loss_retries_and_gives_up_after_max_attempts() -> None:
+    core, ids = started(["n1:4150"], max_attempts=2, reconnect_delay=1.0, reconnect_jitter=0.0)
+    (c,) = ids.values()
+    rid = core.publish("t", b"x", 0.0)
+    core.outputs()
+    core.connection_lost(c, 0.5, OSError("reset"))
+    core.outputs()
+    assert core.pending == 1
+    core.handle_timer(1.5)  # reconnect
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_made(connect.conn_id, 1.5)
+    core.outputs()
+    core.receive_data(connect.conn_id, identify_response(), 1.5)
+    assert sends(core.outputs())[connect.conn_id] == cmd.pub("t", b"x")
+    core.connection_lost(connect.conn_id, 2.0, OSError("reset again"))
+    failed = [o for o in core.outputs() if isinstance(o, PublishFailed)]
+    assert [f.request_id for f in failed] == [rid]
+    assert isinstance(failed[0].error, ConnectionClosedError)
+
+
+def test_publish_timeout_without_any_nsqd() -> None:
+    core = Producer(ProducerConfig(publish_timeout=5.0), nsqd_tcp_addresses=["n1:4150"])
+    core.start(0.0)
+    core.outputs()
+    rid = core.publish("t", b"x", 0.0)
+    assert core.next_deadline() == 5.0
+    core.handle_timer(5.0)
+    (failed,) = [o for o in core.outputs() if isinstance(o, PublishFailed)]
+    assert failed.request_id == rid and isinstance(failed.error, PublishTimeout)
+
+
+def test_traced_publish_returns_the_receipt() -> None:
+    core, ids = started(["n1:4150"], version="0.3.7-HA.1.13.0")
+    (c,) = ids.values()
+    rid = core.publish("orders", b"hi", 0.0, partition=2, trace_id=12345)
+    assert sends(core.outputs())[c] == cmd.pub_trace("orders", 12345, b"hi", 2)
+    receipt = TraceReceipt(1, 12345, 0, 32)
+    core.receive_data(c, response(encode_trace_receipt(receipt)), 0.0)
+    (ok,) = [o for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert (ok.request_id, ok.receipt) == (rid, receipt)
+
+
+LOOKUP_W = (
+    b'{"channels":["c"],"meta":{"partition_num":2,"replica":1,"extend_support":false,'
+    b'"ordered":true,"multi_part":false,"disable_channel_auto_create":false},"producers":[],'
+    b'"partitions":{"0":{"id":"a","remote_address":"a","hostname":"h","broadcast_address":"n1",'
+    b'"tcp_port":4150,"http_port":4151,"version":"0.3.7-HA.1.13.0","distributed_id":""},'
+    b'"1":{"id":"b","remote_address":"b","hostname":"h","broadcast_address":"n2","tcp_port":4150,'
+    b'"http_port":4151,"version":"0.3.7-HA.1.13.0","distributed_id":""}}}'
+)
+
+
+def test_sharding_key_routes_to_the_partition_leader_and_relooks_up_on_not_leader() -> None:
+    core = Producer(ProducerConfig(), lookupd_http_addresses=["l:4161"])
+    core.start(0.0)
+    rid = core.publish("orders", b"x", 0.0, sharding_key="hello")
+    (req,) = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    assert req.data.startswith(b"GET /lookup?topic=orders&access=w&metainfo=true HTTP/1.1\r\n")
+    core.http_data(req.request_id, http_response(LOOKUP_W), 0.1)
+    connects = {f"{o.host}": o.conn_id for o in core.outputs() if isinstance(o, Connect)}
+    assert set(connects) == {"n1", "n2"}
+    for conn_id in connects.values():
+        core.connection_made(conn_id, 0.1)
+        core.outputs()
+        core.receive_data(conn_id, identify_response(version="0.3.7-HA.1.13.0"), 0.1)
+    pid = partition_for_key(b"hello", 2)
+    assert pid == 1  # spec test vector
+    leader = connects["n2"]
+    assert sends(core.outputs())[leader] == cmd.pub("orders", b"x", 1)
+    # the leader moved: the request is retried after a new lookup
+    core.receive_data(leader, error(b"E_FAILED_ON_NOT_LEADER "), 0.2)
+    out = core.outputs()
+    assert not [o for o in out if isinstance(o, PublishFailed)]
+    (req2,) = [o for o in out if isinstance(o, HttpRequest)]
+    moved = LOOKUP_W.replace(b'"broadcast_address":"n2"', b'"broadcast_address":"n1"')
+    core.http_data(req2.request_id, http_response(moved), 0.3)
+    out = core.outputs()
+    assert sends(out)[connects["n1"]] == cmd.pub("orders", b"x", 1)
+    core.receive_data(connects["n1"], response(b"OK"), 0.4)
+    assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == [rid]
