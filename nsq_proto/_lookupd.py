@@ -39,7 +39,7 @@ __all__ = [
     "MAX_CHANNELS",
     "MAX_PARTITIONS",
     "MAX_LOOKUPD_NODES",
-    "Producer",
+    "Peer",
     "TopicMeta",
     "LookupResult",
     "LookupdNode",
@@ -80,7 +80,7 @@ _PARTITION_ID_RE: Final = re.compile(r"(?:0|[1-9][0-9]{0,9})\Z")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Producer:
+class Peer:
     """One nsqd as nsqlookupd reports it (an entry of ``producers`` or of ``partitions``)."""
 
     broadcast_address: str
@@ -115,7 +115,7 @@ class TopicMeta:
     disable_channel_auto_create: bool = False
 
 
-def _empty_partitions() -> Mapping[int, Producer]:
+def _empty_partitions() -> Mapping[int, Peer]:
     return MappingProxyType({})
 
 
@@ -123,10 +123,10 @@ def _empty_partitions() -> Mapping[int, Producer]:
 class LookupResult:
     """A parsed ``/lookup`` answer.  An unknown topic gives an empty result, not an error."""
 
-    producers: tuple[Producer, ...] = ()
+    producers: tuple[Peer, ...] = ()
     channels: tuple[str, ...] = ()
     #: partitioned server only: partition id -> the nsqd leading that partition (read-only)
-    partitions: Mapping[int, Producer] = field(default_factory=_empty_partitions, hash=False)
+    partitions: Mapping[int, Peer] = field(default_factory=_empty_partitions, hash=False)
     #: partitioned server only, and only when ``metainfo`` was asked for
     meta: TopicMeta | None = None
 
@@ -486,10 +486,10 @@ def _envelope(doc: object, what: str) -> tuple[int, str, object]:
 # /lookup
 
 
-def _producer(value: object, path: str) -> Producer:
+def _producer(value: object, path: str) -> Peer:
     obj = _object(value, path)
     distributed_id = obj.get("distributed_id")
-    return Producer(
+    return Peer(
         broadcast_address=_host(
             _required(obj, "broadcast_address", path), f"{path}.broadcast_address"
         ),
@@ -503,7 +503,7 @@ def _producer(value: object, path: str) -> Producer:
     )
 
 
-def _partitions(value: object) -> Mapping[int, Producer]:
+def _partitions(value: object) -> Mapping[int, Peer]:
     if value is None:
         return _empty_partitions()
     obj = _object(value, "lookup partitions")
@@ -511,7 +511,7 @@ def _partitions(value: object) -> Mapping[int, Producer]:
         raise LookupdError(
             f"lookup partitions has {len(obj)} entries, more than the limit of {MAX_PARTITIONS}"
         )
-    partitions: dict[int, Producer] = {}
+    partitions: dict[int, Peer] = {}
     for key, peer in obj.items():
         if _PARTITION_ID_RE.match(key) is None or int(key) > _MAX_INT32:
             raise LookupdError(f"lookup partitions has a key that is not a partition id: {key!r}")
@@ -630,13 +630,13 @@ def parse_listlookup_response(status: int, body: bytes) -> tuple[LookupdNode, ..
 # combining answers from several lookupds
 
 
-def union_producers(results: Iterable[LookupResult]) -> dict[str, Producer]:
+def union_producers(results: Iterable[LookupResult]) -> dict[str, Peer]:
     """The union of every answer's producers, keyed by ``broadcast_address:tcp_port``.
 
     nsqlookupd instances do not share data, so a client polls all of them and connects to
     the union (the client guide's rule).  When two answers list the same key, the first wins.
     """
-    union: dict[str, Producer] = {}
+    union: dict[str, Peer] = {}
     for result in results:
         for producer in result.producers:
             union.setdefault(producer.key, producer)

@@ -23,7 +23,7 @@ from nsq_proto._lookupd import (
     HttpResponseParser,
     LookupdNode,
     LookupResult,
-    Producer,
+    Peer,
     TopicMeta,
     build_listlookup_request,
     build_lookup_request,
@@ -49,7 +49,7 @@ def case_body(case: dict[str, Any]) -> bytes:
     return body.encode("utf-8")
 
 
-def producer_json(producer: Producer) -> dict[str, Any]:
+def producer_json(producer: Peer) -> dict[str, Any]:
     return dataclasses.asdict(producer)
 
 
@@ -414,8 +414,8 @@ def test_arbitrary_bytes_give_a_response_or_lookupd_error(
 # results and their combination
 
 
-def producer(address: str, port: int = 4150, version: str = "1.3.0") -> Producer:
-    return Producer(
+def producer(address: str, port: int = 4150, version: str = "1.3.0") -> Peer:
+    return Peer(
         broadcast_address=address, tcp_port=port, http_port=4151, hostname="h", version=version
     )
 
@@ -604,7 +604,7 @@ def test_damaged_json_gives_a_result_or_lookupd_error(
 
 host_names = st.from_regex(r"[a-z0-9][a-z0-9.:-]{0,30}", fullmatch=True)
 producers_st = st.builds(
-    Producer,
+    Peer,
     broadcast_address=host_names,
     tcp_port=st.integers(1, 65535),
     http_port=st.integers(0, 65535),
@@ -623,7 +623,7 @@ metas = st.none() | st.builds(
 )
 
 
-def peer_doc(p: Producer) -> dict[str, object]:
+def peer_doc(p: Peer) -> dict[str, object]:
     doc = dataclasses.asdict(p)
     doc["remote_address"] = "127.0.0.1:1"
     if p.distributed_id is None:
@@ -640,9 +640,9 @@ def peer_doc(p: Producer) -> dict[str, object]:
     enveloped=st.booleans(),
 )
 def test_valid_lookup_answers_round_trip(
-    producers: list[Producer],
+    producers: list[Peer],
     channels: list[str],
-    partitions: dict[int, Producer],
+    partitions: dict[int, Peer],
     meta: TopicMeta | None,
     enveloped: bool,
 ) -> None:
