@@ -122,6 +122,14 @@ def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
 
 
 def _mpub_payload(items: Sequence[bytes]) -> bytes:
+    first = len(items[0])
+    for item in items:
+        if len(item) != first:
+            break
+    else:
+        # every message has the same size: one shared size prefix (a common batch shape)
+        prefix = _pack_u32(first)
+        return _pack_u32(len(items)) + prefix + prefix.join(items)
     parts = [_pack_u32(len(items))]
     for item in items:
         parts.append(_pack_u32(len(item)))
@@ -136,6 +144,18 @@ def mpub(topic: str, bodies: Iterable[bytes], partition: int | None = None) -> b
         raise LocalProtocolError("MPUB needs at least one message")
     return b"MPUB %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(
         _mpub_payload(items)
+    )
+
+
+def pub_unchecked(topic: str, body: bytes, partition: int | None = None) -> bytes:
+    """PUB for a topic and a non-empty ``bytes`` body the caller has already validated."""
+    return b"PUB %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(body)
+
+
+def mpub_unchecked(topic: str, bodies: Sequence[bytes], partition: int | None = None) -> bytes:
+    """MPUB for a topic and non-empty ``bytes`` bodies the caller has already validated."""
+    return b"MPUB %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(
+        _mpub_payload(bodies)
     )
 
 

@@ -173,6 +173,8 @@ class ConnectionStats:
     rdy: int
     in_flight: int
     last_message_at: float
+    address: tuple[str, int] = ("", 0)
+    partition: int | None = None
 
 
 class Consumer:
@@ -210,6 +212,7 @@ class Consumer:
         self._need_redistribute = False
         self._ordered_required = self.config.ordered
         self._now = 0.0
+        self._share: int | None = None
         self._started = False
         self._stopping = False
         self._stopped = False
@@ -483,6 +486,7 @@ class Consumer:
                 out.append(item)
 
     def _on_ready(self, rec: _Conn, now: float) -> None:
+        self._share = None
         rec.ready_at = now
         self._reconnect_attempts.pop(rec.key, None)
         if self._stopping:
@@ -505,6 +509,7 @@ class Consumer:
             self.poll_lookupd_now(now, 1.0)
 
     def _on_closed(self, rec: _Conn, event: ConnectionClosed, now: float) -> None:
+        self._share = None
         self._conns.pop(rec.conn_id, None)
         if self._by_key.get(rec.key) == rec.conn_id:
             del self._by_key[rec.key]
@@ -534,10 +539,14 @@ class Consumer:
         return [r for r in self._conns.values() if r.conn.state in _ACTIVE]
 
     def _per_conn_max_in_flight(self) -> int:
-        # go-nsq: min(max(1, max_in_flight / conns), max_in_flight)
-        mif = self._max_in_flight
-        n = len(self._active()) or 1
-        return min(max(1, mif // n), mif)
+        # go-nsq: min(max(1, max_in_flight / conns), max_in_flight); cached, because it is
+        # asked after every answer and changes only when connections come and go
+        share = self._share
+        if share is None:
+            mif = self._max_in_flight
+            n = len(self._active()) or 1
+            share = self._share = min(max(1, mif // n), mif)
+        return share
 
     def _backoff_state(self) -> str:
         if (TimerKind.BACKOFF_END, None) in self._timers:
@@ -657,6 +666,7 @@ class Consumer:
         ):
             raise ConfigError(f"max_in_flight must be an int >= 0, not {max_in_flight!r}")
         self._max_in_flight = max_in_flight
+        self._share = None
         if self._backoff_level > 0 or (TimerKind.BACKOFF_END, None) in self._timers:
             if max_in_flight == 0:
                 for rec in self._conns.values():
@@ -787,16 +797,17 @@ class Consumer:
         if msg_id not in rec.in_flight:
             raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
         rec.conn.touch(msg_id)
-        self._pump(rec, now)
         return True
 
     def _after_answer(self, rec: _Conn, now: float) -> None:
         if self._stopping:
             if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
                 rec.conn.close("consumer stopped")
+                self._pump(rec, now)
         else:
             self._maybe_update_rdy(rec, now)
-        self._pump(rec, now)
+        # the commands wait in the connection's buffer: the next outputs() call sends every
+        # answer given since in one write
 
     def in_flight(self, conn_id: ConnId) -> Sequence[Message]:
         rec = self._conns.get(conn_id)
@@ -804,11 +815,15 @@ class Consumer:
 
     # ------------------------------------------------------------------ stopping
 
-    def stop(self, now: float) -> None:
+    def stop(self, now: float, *, requeue_unanswered: bool = False) -> None:
         """Graceful stop: CLS everywhere, no more RDY; connections close once the application
-        answered their in-flight messages (or after ``stop_timeout``, which requeues them)."""
+        answered their in-flight messages (or after ``stop_timeout``, which requeues them).
+        With ``requeue_unanswered`` (the application can answer nothing more, e.g. it was
+        cancelled) every unanswered message is requeued at once and the connections close."""
         self._now = now
         if self._stopping:
+            if requeue_unanswered:
+                self._stop_timeout(now)
             return
         self._stopping = True
         self._timers.cancel_kind(TimerKind.LOOKUPD_POLL)
@@ -825,6 +840,8 @@ class Consumer:
                 rec.conn.close("consumer stopping")
             self._pump(rec, now)
         self._timers.set((TimerKind.STOP_TIMEOUT, None), now + self.config.stop_timeout)
+        if requeue_unanswered:
+            self._stop_timeout(now)
         self._check_stopped(now)
 
     def _stop_timeout(self, now: float) -> None:
@@ -870,17 +887,23 @@ class Consumer:
         return False
 
     def connections(self) -> list[ConnectionStats]:
-        return [
-            ConnectionStats(
-                rec.conn_id,
-                rec.key,
-                rec.conn.state.value,
-                rec.rdy,
-                len(rec.in_flight),
-                rec.last_msg_at,
-            )
-            for rec in self._conns.values()
-        ]
+        return [self._stats(rec) for rec in self._conns.values()]
+
+    def _stats(self, rec: _Conn) -> ConnectionStats:
+        return ConnectionStats(
+            rec.conn_id,
+            rec.key,
+            rec.conn.state.value,
+            rec.rdy,
+            len(rec.in_flight),
+            rec.last_msg_at,
+            rec.address,
+            rec.partition,
+        )
+
+    def connection_stats(self, conn_id: ConnId) -> ConnectionStats | None:
+        rec = self._conns.get(conn_id)
+        return self._stats(rec) if rec is not None else None
 
     def connection(self, conn_id: ConnId) -> Connection | None:
         rec = self._conns.get(conn_id)

@@ -358,8 +358,11 @@ class Producer:
         if not bodies:
             raise LocalProtocolError("nothing to publish")
         for body in bodies:
-            if not isinstance(body, bytes | bytearray | memoryview) or not len(body):
-                raise LocalProtocolError("message bodies must be non-empty bytes")
+            if type(body) is not bytes or not body:
+                if not isinstance(body, bytes | bytearray | memoryview) or not len(body):
+                    raise LocalProtocolError("message bodies must be non-empty bytes")
+                bodies = [bytes(b) for b in bodies]
+                break
         if partition is not None and sharding_key is not None:
             raise LocalProtocolError("give a partition or a sharding key, not both")
         if partition is not None and (isinstance(partition, bool) or partition < 0):
@@ -376,7 +379,7 @@ class Producer:
             rid,
             topic,
             kind,
-            [bytes(b) for b in bodies],
+            bodies,
             partition,
             sharding_key,
             trace_ids,
@@ -452,12 +455,12 @@ class Producer:
         if req.kind == _PUB:
             if req.trace_ids is not None:
                 return cmd.pub_trace(req.topic, req.trace_ids[0], req.bodies[0], partition), True
-            return cmd.pub(req.topic, req.bodies[0], partition), False
+            return cmd.pub_unchecked(req.topic, req.bodies[0], partition), False
         if req.trace_ids is not None:
             return cmd.mpub_trace(
                 req.topic, list(zip(req.trace_ids, req.bodies, strict=True)), partition
             ), True
-        return cmd.mpub(req.topic, req.bodies, partition), traced
+        return cmd.mpub_unchecked(req.topic, req.bodies, partition), traced
 
     def _route(self, req: _Request) -> tuple[tuple[str, int] | None, int | None] | None:
         """Where a request goes: (address or None for any, partition); None: not yet known."""
@@ -603,7 +606,7 @@ class Producer:
                     self._nsqd.append(producer.address)
                     for slot in range(self.config.pool_size):
                         self._open(producer.address, slot)
-        for address in set(partitions.values()):
+        for address in sorted(set(partitions.values())):
             for slot in range(self.config.pool_size):
                 self._open(address, slot)
         self._timers.set(

@@ -1,0 +1,98 @@
+"""End-to-end throughput through the public nsq_anyio (or nsq_trio) API.
+
+    python benchmarks/throughput.py pub --nsqd-tcp-address 127.0.0.1:4150 --topic bench --count 200000
+    python benchmarks/throughput.py sub --nsqd-tcp-address 127.0.0.1:4150 --topic bench --channel c --count 200000
+
+``pub`` publishes with MPUB batches of 100 (``--outstanding`` batches in flight), ``sub``
+consumes and FINishes through a handler per message.  The last line is
+``pub_msgs_per_s=<float>`` or ``sub_msgs_per_s=<float>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from typing import Any
+
+import anyio
+
+
+async def pub(args: argparse.Namespace, lib: Any) -> float:
+    body = b"x" * args.size
+    batch = [body] * 100
+    batches = args.count // 100
+    async with lib.Producer(
+        nsqd_tcp_addresses=[args.nsqd_tcp_address], max_outstanding=args.outstanding
+    ) as producer:
+        await producer.publish(args.topic, body)  # connect and create the topic
+        remaining = batches
+        start = time.perf_counter()
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                await producer.publish_many(args.topic, batch)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(args.outstanding):
+                tg.start_soon(worker)
+        elapsed = time.perf_counter() - start
+    return batches * 100 / elapsed
+
+
+async def sub(args: argparse.Namespace, lib: Any) -> float:
+    done = anyio.Event()
+    count = 0
+    start = 0.0
+
+    async def handler(message: Any) -> None:
+        nonlocal count, start
+        if count == 0:
+            start = time.perf_counter()
+        count += 1
+        if count >= args.count:
+            done.set()
+
+    async with lib.Consumer(
+        args.topic,
+        args.channel,
+        nsqd_tcp_addresses=[args.nsqd_tcp_address],
+        max_in_flight=args.max_in_flight,
+    ) as consumer:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, handler, args.concurrency)
+            await done.wait()
+            elapsed = time.perf_counter() - start
+            tg.cancel_scope.cancel()
+    return (count - 1) / elapsed if elapsed > 0 else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("mode", choices=["pub", "sub"])
+    parser.add_argument("--nsqd-tcp-address", default="127.0.0.1:4150")
+    parser.add_argument("--topic", default="bench")
+    parser.add_argument("--channel", default="bench")
+    parser.add_argument("--count", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--max-in-flight", type=int, default=2500)
+    parser.add_argument("--concurrency", type=int, default=1, help="handlers running at once")
+    parser.add_argument("--outstanding", type=int, default=8, help="MPUBs in flight")
+    parser.add_argument("--backend", choices=["asyncio", "trio", "nsq_trio"], default="asyncio")
+    args = parser.parse_args()
+    if args.backend == "nsq_trio":
+        lib = importlib.import_module("nsq_trio")
+        backend = "trio"
+    else:
+        lib = importlib.import_module("nsq_anyio")
+        backend = args.backend
+    runner = pub if args.mode == "pub" else sub
+    rate = anyio.run(runner, args, lib, backend=backend)
+    print(f"backend={args.backend} count={args.count} size={args.size}")
+    print(f"{args.mode}_msgs_per_s={rate:.1f}")
+
+
+if __name__ == "__main__":
+    main()
