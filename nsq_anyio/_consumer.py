@@ -110,6 +110,10 @@ class Consumer:
     async def __aexit__(self, *exc_info: object) -> bool | None:
         cancelled = isinstance(exc_info[1], anyio.get_cancelled_exc_class())
         await self._stop(requeue_unanswered=cancelled)
+        self._send.close()
+        self._receive.close()
+        with anyio.CancelScope(shield=True):
+            await self._driver.aclose()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         return await self._tg.__aexit__(*exc_info)  # type: ignore[arg-type]
@@ -126,6 +130,11 @@ class Consumer:
                     break
                 message._responded = True
                 self._core.requeue(message.conn_id, message.id, now, delay=0.0, backoff=False)
+            if requeue_unanswered:
+                # the pump task is being cancelled with us: carry out the requeues and closes
+                with anyio.move_on_after(5.0):
+                    await self._driver.flush()
+                return
             self._driver.wake()
             with anyio.move_on_after(self.config.stop_timeout + 5.0):
                 await self._stopped.wait()

@@ -97,6 +97,16 @@ class Driver:
             with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
                 await self._wake.wait()
 
+    async def aclose(self) -> None:
+        """Close every transport still open (the last step of leaving the client)."""
+        for link in list(self._links.values()):
+            self._links.pop(link.conn_id, None)
+            await self._shut(link)
+
+    async def flush(self) -> None:
+        """Carry out every pending output now (used when the pump task may be cancelled)."""
+        await self._drain()
+
     async def _drain(self) -> None:
         core = self.core
         on_event = self._on_event
@@ -185,6 +195,10 @@ class Driver:
             return
         core.connection_made(link.conn_id, anyio.current_time())
         self.wake()
+        await self._read_loop(link)
+
+    async def _read_loop(self, link: _Link) -> None:
+        core = self.core
         while not link.closed:
             if link.upgrade:
                 if not await self._upgrade(link):

@@ -96,8 +96,9 @@ class Producer:
                         break
                     await waiter.done.wait()
             self._core.close(anyio.current_time())
-            self._driver.wake()
-            await anyio.sleep(0)
+            with anyio.move_on_after(5.0):
+                await self._driver.flush()
+            await self._driver.aclose()
 
     def _on_event(self, event: nsq_proto.Event) -> None:
         if type(event) is nsq_proto.PublishSucceeded:

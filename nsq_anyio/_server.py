@@ -133,6 +133,13 @@ class _Host:
         client = _Client(conn, stream)
         self.clients[conn] = client
         self.wake()
+        try:
+            await self._client_loop(nsqd, conn, client)
+        finally:
+            if not client.done:
+                await self._drop(client)
+
+    async def _client_loop(self, nsqd: Nsqd, conn: NsqdConnection, client: _Client) -> None:
         while not client.done:
             if client.upgrading:
                 assert self.tls_context is not None
