@@ -1,0 +1,368 @@
+"""A cluster of emulated partitioned nsqd with their nsqlookupd.
+
+Topics are created with a number of partitions and replicas; each partition has one leader
+node, which holds its messages and serves PUB, SUB and FIN.  The other replicas know the
+partition (so PUB/SUB there do not get ``E_TOPIC_NOT_EXIST``) but answer
+``E_FAILED_ON_NOT_LEADER``.  Nothing is created on demand.  Lookups answer from the
+cluster's metadata: ``/lookup?topic=..&access=r|w&metainfo=true`` lists each partition's
+leader, ``/listlookup`` the lookupd nodes.
+
+Fault injection: :meth:`Cluster.move_leader` hands a partition (with its messages) to
+another replica; consumers of the old leader stop receiving it and their FIN becomes fatal
+``E_FAILED_ON_NOT_LEADER``.  :meth:`Cluster.stop_node` stops a node (optionally failing its
+partitions over to running replicas) and :meth:`Cluster.start_node` brings it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._names import is_valid_channel_name, is_valid_topic_name
+from ._lookupd import Lookupd
+from ._nsqd import Nsqd
+from ._options import NsqdOptions
+from ._protocol import NsqdConnection
+from ._store import Topic
+
+if TYPE_CHECKING:
+    from ._nsqd_http import _Request
+
+__all__ = ["Cluster", "TopicMeta"]
+
+
+@dataclass
+class TopicMeta:
+    """A partitioned topic as the cluster's coordinator describes it."""
+
+    name: str
+    partition_num: int
+    replica: int
+    ordered: bool = False
+    ext: bool = False
+    multi_part: bool = False
+    disable_channel_auto_create: bool = False
+    #: node index of each partition's leader
+    leaders: list[int] = field(default_factory=list)
+    #: node indexes holding each partition (the leader included)
+    replicas: list[list[int]] = field(default_factory=list)
+
+
+class Cluster:
+    """``nodes`` partitioned nsqd (node ``i`` on ``tcp_port + 100*i``, ``http_port + 100*i``)
+    and ``lookupds`` nsqlookupd (HTTP on 4161, 4261, ...), all on one clock."""
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        *,
+        options: NsqdOptions | None = None,
+        lookupds: int = 1,
+        rng: random.Random | None = None,
+        now: float = 0.0,
+        allow_write_without_channels: bool = False,
+    ) -> None:
+        if nodes < 1 or lookupds < 1:
+            raise ValueError("a cluster needs at least one node and one lookupd")
+        base = options if options is not None else NsqdOptions(partitioned=True)
+        self.nodes: list[Nsqd] = []
+        for i in range(nodes):
+            opts = dataclasses.replace(
+                base,
+                partitioned=True,
+                tcp_port=base.tcp_port + 100 * i,
+                http_port=base.http_port + 100 * i,
+                https_port=base.https_port + 100 * i,
+                node_id=(base.node_id + i + 1) % 1024,
+                hostname=f"{base.hostname}-{i}",
+            )
+            node = Nsqd(opts, rng=rng, now=now)
+            node.cluster = self
+            self.nodes.append(node)
+        self.lookupds: list[Lookupd] = []
+        for j in range(lookupds):
+            lookupd = Lookupd(
+                broadcast_address=base.broadcast_address,
+                hostname=f"lookupd-{j}",
+                tcp_port=4160 + 100 * j,
+                http_port=4161 + 100 * j,
+                rpc_port=4162 + 100 * j,
+                partitioned=True,
+                wall_clock_offset=base.wall_clock_offset,
+            )
+            lookupd.cluster = self
+            for node in self.nodes:
+                lookupd.register(node)
+            self.lookupds.append(lookupd)
+        self.allow_write_without_channels = allow_write_without_channels
+        self.meta: dict[str, TopicMeta] = {}
+        self._topics: dict[tuple[str, int], Topic] = {}
+        self._now = now
+
+    def __repr__(self) -> str:
+        return f"<Cluster nodes={len(self.nodes)} topics={sorted(self.meta)}>"
+
+    @property
+    def lookupd(self) -> Lookupd:
+        """The first (leader) lookupd."""
+        return self.lookupds[0]
+
+    # -- topology -----------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        now: float,
+        *,
+        partitions: int = 2,
+        replicas: int = 1,
+        ordered: bool = False,
+        ext: bool = False,
+        disable_channel_auto_create: bool = False,
+        leaders: list[int] | None = None,
+    ) -> TopicMeta:
+        """``POST /topic/create`` on the lookupd leader: partition ``p`` is led by node
+        ``leaders[p]`` (default ``p % nodes``) and replicated on the next nodes."""
+        if not is_valid_topic_name(name):
+            raise ValueError(f"invalid topic name {name!r}")
+        if name in self.meta:
+            raise ValueError(f"topic {name!r} exists")
+        n = len(self.nodes)
+        if not 1 <= replicas <= n or partitions < 1:
+            raise ValueError("need 1 <= replicas <= nodes and at least one partition")
+        chosen = leaders if leaders is not None else [p % n for p in range(partitions)]
+        if len(chosen) != partitions:
+            raise ValueError("one leader per partition")
+        meta = TopicMeta(
+            name,
+            partitions,
+            replicas,
+            ordered=ordered,
+            ext=ext,
+            multi_part=ordered,
+            disable_channel_auto_create=disable_channel_auto_create,
+            leaders=list(chosen),
+            replicas=[[(chosen[p] + k) % n for k in range(replicas)] for p in range(partitions)],
+        )
+        self.meta[name] = meta
+        for p in range(partitions):
+            node = self.nodes[chosen[p]]
+            topic = Topic(name, node.options.node_id, p)
+            topic.ordered = ordered
+            topic.ext = ext
+            topic.disable_channel_auto_create = disable_channel_auto_create
+            self._topics[(name, p)] = topic
+            node._begin(now)
+            node.topics[(name, p)] = topic
+            node._end(now)
+        return meta
+
+    def create_channel(self, topic: str, channel: str, now: float) -> None:
+        """Create ``channel`` on every partition (``/channel/create`` on the lookupd)."""
+        if not is_valid_channel_name(channel):
+            raise ValueError(f"invalid channel name {channel!r}")
+        meta = self._meta(topic)
+        for p in range(meta.partition_num):
+            node = self.nodes[meta.leaders[p]]
+            node._begin(now)
+            try:
+                node._get_channel(self._topics[(topic, p)], channel, now)
+            finally:
+                node._end(now)
+
+    def _meta(self, topic: str) -> TopicMeta:
+        meta = self.meta.get(topic)
+        if meta is None:
+            raise KeyError(f"no topic {topic!r} in the cluster")
+        return meta
+
+    def leader(self, topic: str, partition: int) -> Nsqd | None:
+        meta = self.meta.get(topic)
+        if meta is None or not 0 <= partition < meta.partition_num:
+            return None
+        return self.nodes[meta.leaders[partition]]
+
+    def topic(self, topic: str, partition: int) -> Topic:
+        return self._topics[(topic, partition)]
+
+    def node_index(self, node: Nsqd) -> int:
+        return self.nodes.index(node)
+
+    # -- called by nodes --------------------------------------------------------------------------
+
+    def _replica_topic(self, node: Nsqd, name: str, partition: int) -> Topic | None:
+        meta = self.meta.get(name)
+        if meta is None or not 0 <= partition < meta.partition_num:
+            return None
+        if self.nodes.index(node) not in meta.replicas[partition]:
+            return None
+        return self._topics[(name, partition)]
+
+    def _default_partition(self, node: Nsqd, name: str) -> int:
+        meta = self.meta.get(name)
+        if meta is None:
+            return -1
+        index = self.nodes.index(node)
+        for p, leader in enumerate(meta.leaders):
+            if leader == index:
+                return p
+        return -1
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def move_leader(self, topic: str, partition: int, to_node: int, now: float) -> None:
+        """Make node ``to_node`` the leader of ``topic`` partition ``partition``.  Messages in
+        flight to consumers of the old leader go back to the queue; those consumers stay
+        connected but get nothing more, and their FIN is fatal ``E_FAILED_ON_NOT_LEADER``."""
+        meta = self._meta(topic)
+        old = self.nodes[meta.leaders[partition]]
+        new = self.nodes[to_node]
+        if old is new:
+            return
+        key = (topic, partition)
+        data = self._topics[key]
+        old._begin(now)
+        try:
+            for channel in data.channels.values():
+                for cid, client in list(channel.clients.items()):
+                    channel.requeue_client(cid)
+                    del channel.clients[cid]
+                    if isinstance(client, NsqdConnection):
+                        client.in_flight_count = 0
+            old.topics.pop(key, None)
+        finally:
+            old._end(now)
+        meta.leaders[partition] = to_node
+        if to_node not in meta.replicas[partition]:
+            meta.replicas[partition].append(to_node)
+        new._begin(now)
+        try:
+            new.topics[key] = data
+            for channel in data.channels.values():
+                new._dirty_channel(channel)
+        finally:
+            new._end(now)
+
+    def stop_node(
+        self, index: int, now: float, *, lose_messages: bool = False, failover: bool = True
+    ) -> None:
+        """Stop node ``index``; with ``failover`` each partition it led moves to the first
+        running replica (if any)."""
+        node = self.nodes[index]
+        node.stop(now, lose_messages=lose_messages)
+        if not failover:
+            return
+        for meta in self.meta.values():
+            for p, leader in enumerate(meta.leaders):
+                if leader != index:
+                    continue
+                for candidate in meta.replicas[p]:
+                    if candidate != index and self.nodes[candidate].running:
+                        self.move_leader(meta.name, p, candidate, now)
+                        break
+
+    def start_node(self, index: int, now: float) -> None:
+        self.nodes[index].start(now)
+
+    # -- clock ------------------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        deadlines = [d for d in (n.next_deadline() for n in self.nodes) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def handle_timer(self, now: float) -> None:
+        for node in self.nodes:
+            node.handle_timer(now)
+        self._now = max(self._now, now)
+
+    # -- lookupd answers --------------------------------------------------------------------------
+
+    def _peer(self, lookupd: Lookupd, node: Nsqd) -> dict[str, Any]:
+        peer = lookupd.register(node)
+        o = node.options
+        return {
+            "id": peer.remote_address,
+            "remote_address": peer.remote_address,
+            "hostname": o.hostname,
+            "broadcast_address": o.broadcast_address,
+            "tcp_port": o.tcp_port,
+            "http_port": o.http_port,
+            "version": o.server_version,
+            "distributed_id": f"{o.broadcast_address}:{o.tcp_port + 20}:{o.tcp_port}:{o.node_id}",
+        }
+
+    def _node_extra(self, node: Nsqd) -> dict[str, Any]:
+        o = node.options
+        return {
+            "distributed_id": f"{o.broadcast_address}:{o.tcp_port + 20}:{o.tcp_port}:{o.node_id}"
+        }
+
+    def _lookupd_info(self, lookupd: Lookupd) -> dict[str, Any]:
+        return {"version": lookupd.version}
+
+    def _lookup(self, lookupd: Lookupd, req: _Request, topic: str, now: float) -> dict[str, Any]:
+        from ._nsqd_http import HttpError
+
+        access = req.get("access") or "r"
+        if access not in ("r", "w"):
+            raise HttpError(400, "INVALID_ACCESS_MODE")
+        wanted = req.get("partition") or "*"
+        meta = self.meta.get(topic)
+        channels: set[str] = set()
+        partitions: dict[str, Any] = {}
+        producers: dict[int, dict[str, Any]] = {}
+        filtered = False
+        if meta is None:
+            if access == "w":
+                raise HttpError(404, "Key not found")
+        else:
+            for p in range(meta.partition_num):
+                if wanted != "*" and wanted != str(p):
+                    continue
+                data = self._topics[(topic, p)]
+                channels.update(data.channels)
+                index = meta.leaders[p]
+                node = self.nodes[index]
+                if not node.running:
+                    continue
+                if access == "w" and not data.channels and not self.allow_write_without_channels:
+                    filtered = True
+                    continue
+                peer = self._peer(lookupd, node)
+                partitions[str(p)] = peer
+                producers.setdefault(index, peer)
+            if filtered and not partitions:
+                raise HttpError(
+                    404, "Topic has no channel, should init at least one for the new topic"
+                )
+        result: dict[str, Any] = {"channels": sorted(channels)}
+        if req.get("metainfo") and meta is not None:
+            result["meta"] = {
+                "disable_channel_auto_create": meta.disable_channel_auto_create,
+                "extend_support": meta.ext,
+                "multi_part": meta.multi_part,
+                "ordered": meta.ordered,
+                "partition_num": meta.partition_num,
+                "replica": meta.replica,
+            }
+        result["partitions"] = partitions
+        result["producers"] = list(producers.values())
+        return result
+
+    def _listlookup(self) -> dict[str, Any]:
+        def entry(lookupd: Lookupd) -> dict[str, Any]:
+            return {
+                "ID": f"{lookupd.broadcast_address}:{lookupd.rpc_port}:{lookupd.tcp_port}:nsqlookup",
+                "NodeIP": lookupd.broadcast_address,
+                "TcpPort": str(lookupd.tcp_port),
+                "HttpPort": str(lookupd.http_port),
+                "RpcPort": str(lookupd.rpc_port),
+                "Epoch": 0,
+            }
+
+        running = [entry(lk) for lk in self.lookupds if lk.running]
+        leader = next((lk for lk in self.lookupds if lk.running), None)
+        empty = {"ID": "", "NodeIP": "", "TcpPort": "", "HttpPort": "", "RpcPort": "", "Epoch": 0}
+        return {"lookupdleader": entry(leader) if leader else empty, "lookupdnodes": running}

@@ -1,0 +1,449 @@
+"""The emulated nsqlookupd: a registration database fed by emulated nsqd, and its HTTP API.
+
+Each :class:`Nsqd` registered with :meth:`Lookupd.register` pushes its topics and channels
+as nsqd does over its lookupd connection (``REGISTER``/``UNREGISTER``); stopping the nsqd
+drops its producer entries (the registrations themselves stay, as in nsqlookupd, so a topic
+nobody produces any more still answers ``200`` with no producers).
+
+The standard flavour answers like nsqlookupd v1.3.0: bare JSON bodies whatever ``Accept``
+says, ``X-Nsq-Content-Type: nsq; version=1.0``, errors ``{"message": "..."}`` with their
+status.  The partitioned flavour (see :class:`Cluster`) adds ``/lookup`` with ``access``,
+``metainfo`` and ``partition``, ``/listlookup``, and the ``{"status_code", "status_txt",
+"data"}`` envelope unless the request asks for ``application/vnd.nsq; version=1.0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._names import is_valid_channel_name, is_valid_topic_name
+from ._http import HttpResponse, HttpServerConnection, go_response, respond_plain, respond_v1
+from ._nsqd_http import HttpError, _Request
+from ._options import PARTITIONED_VERSION, STANDARD_VERSION
+from ._util import go_json, http_date
+
+if TYPE_CHECKING:
+    from ._cluster import Cluster
+    from ._nsqd import Nsqd
+
+__all__ = ["Lookupd", "Peer"]
+
+_Key = tuple[str, str, str]
+
+
+@dataclass(eq=False)
+class Peer:
+    """An nsqd as nsqlookupd knows it (its lookupd connection and identify data)."""
+
+    id: str
+    nsqd: Nsqd
+    remote_address: str
+    tombstones: dict[str, float] = field(default_factory=dict)
+
+    def info(self) -> dict[str, Any]:
+        o = self.nsqd.options
+        return {
+            "remote_address": self.remote_address,
+            "hostname": o.hostname,
+            "broadcast_address": o.broadcast_address,
+            "tcp_port": o.tcp_port,
+            "http_port": o.http_port,
+            "version": o.server_version,
+        }
+
+
+class Lookupd:
+    """A sans-IO nsqlookupd.  Answer HTTP with :meth:`handle` or :meth:`http_connection`."""
+
+    def __init__(
+        self,
+        *,
+        broadcast_address: str = "127.0.0.1",
+        hostname: str = "localhost",
+        tcp_port: int = 4160,
+        http_port: int = 4161,
+        version: str | None = None,
+        partitioned: bool = False,
+        tombstone_lifetime: float = 45.0,
+        wall_clock_offset: float = 1_700_000_000.0,
+        rpc_port: int = 4162,
+    ) -> None:
+        self.broadcast_address = broadcast_address
+        self.hostname = hostname
+        self.tcp_port = tcp_port
+        self.http_port = http_port
+        self.rpc_port = rpc_port
+        self.partitioned = partitioned
+        self.version = version or (PARTITIONED_VERSION if partitioned else STANDARD_VERSION)
+        self.tombstone_lifetime = tombstone_lifetime
+        self.wall_clock_offset = wall_clock_offset
+        self.cluster: Cluster | None = None
+        self.running = True
+        self._registrations: dict[_Key, dict[str, Peer]] = {}
+        self._peers: dict[str, Peer] = {}
+        self._by_nsqd: dict[int, Peer] = {}
+        self._next_port = 40000
+        self._now = 0.0
+
+    def __repr__(self) -> str:
+        return f"<Lookupd {self.broadcast_address}:{self.http_port} peers={len(self._peers)}>"
+
+    # -- registration -----------------------------------------------------------------------------
+
+    def register(self, nsqd: Nsqd, *, remote_address: str | None = None) -> Peer:
+        """Connect ``nsqd`` to this lookupd: it registers now and on every change."""
+        if id(nsqd) in self._by_nsqd:
+            return self._by_nsqd[id(nsqd)]
+        if remote_address is None:
+            remote_address = f"{nsqd.options.broadcast_address}:{self._next_port}"
+            self._next_port += 1
+        peer = Peer(remote_address, nsqd, remote_address)
+        self._by_nsqd[id(nsqd)] = peer
+        if self not in nsqd.lookupds:
+            nsqd.lookupds.append(self)
+        if nsqd.running:
+            self._connect(peer)
+        return peer
+
+    def unregister(self, nsqd: Nsqd) -> None:
+        peer = self._by_nsqd.pop(id(nsqd), None)
+        if peer is not None:
+            self._disconnect(peer)
+        if self in nsqd.lookupds:
+            nsqd.lookupds.remove(self)
+
+    def _connect(self, peer: Peer) -> None:
+        self._peers[peer.id] = peer
+        self._add(("client", "", ""), peer)
+        for name, _partition in list(peer.nsqd.topics):
+            self.nsqd_changed(peer.nsqd, name, None, True)
+        for topic in list(peer.nsqd.topics.values()):
+            for channel in topic.channels:
+                self.nsqd_changed(peer.nsqd, topic.name, channel, True)
+
+    def _disconnect(self, peer: Peer) -> None:
+        self._peers.pop(peer.id, None)
+        for producers in self._registrations.values():
+            producers.pop(peer.id, None)
+        if not self._registrations.get(("client", "", ""), True):
+            del self._registrations[("client", "", "")]
+
+    def nsqd_changed(self, nsqd: Nsqd, topic: str, channel: str | None, added: bool) -> None:
+        """nsqd's REGISTER / UNREGISTER (called by the emulated nsqd)."""
+        peer = self._by_nsqd.get(id(nsqd))
+        if peer is None or peer.id not in self._peers:
+            return
+        if added:
+            if channel is not None:
+                self._add(("channel", topic, channel), peer)
+            self._add(("topic", topic, ""), peer)
+            return
+        if channel is not None:
+            key = ("channel", topic, channel)
+            left = self._remove(key, peer)
+            if left == 0 and channel.endswith("#ephemeral"):
+                self._registrations.pop(key, None)
+            return
+        for key in [k for k in self._registrations if k[0] == "channel" and k[1] == topic]:
+            self._remove(key, peer)
+        key = ("topic", topic, "")
+        removed = peer.id in self._registrations.get(key, {})
+        left = self._remove(key, peer)
+        if removed and left == 0 and topic.endswith("#ephemeral"):
+            self._registrations.pop(key, None)
+
+    def nsqd_stopped(self, nsqd: Nsqd) -> None:
+        peer = self._by_nsqd.get(id(nsqd))
+        if peer is not None:
+            self._disconnect(peer)
+
+    def nsqd_started(self, nsqd: Nsqd) -> None:
+        peer = self._by_nsqd.get(id(nsqd))
+        if peer is not None:
+            self._connect(peer)
+
+    def _add(self, key: _Key, peer: Peer) -> None:
+        self._registrations.setdefault(key, {})[peer.id] = peer
+
+    def _remove(self, key: _Key, peer: Peer) -> int:
+        producers = self._registrations.get(key)
+        if producers is None:
+            return 0
+        producers.pop(peer.id, None)
+        return len(producers)
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def _tombstoned(self, peer: Peer, topic: str, now: float) -> bool:
+        at = peer.tombstones.get(topic)
+        return at is not None and now - at < self.tombstone_lifetime
+
+    def topics(self) -> list[str]:
+        names = {k[1] for k in self._registrations if k[0] == "topic"}
+        if self.cluster is not None:
+            names.update(self.cluster.meta)
+        return sorted(names)
+
+    def channels(self, topic: str) -> list[str]:
+        names = {k[2] for k in self._registrations if k[0] == "channel" and k[1] == topic}
+        if self.cluster is not None and topic in self.cluster.meta:
+            for p in range(self.cluster.meta[topic].partition_num):
+                names.update(self.cluster.topic(topic, p).channels)
+        return sorted(names)
+
+    def producers(self, topic: str, now: float | None = None) -> list[Peer]:
+        """Active, not tombstoned producers of ``topic`` (``None`` if it is not registered)."""
+        t = self._now if now is None else now
+        peers = self._registrations.get(("topic", topic, ""), {})
+        return [p for p in peers.values() if not self._tombstoned(p, topic, t)]
+
+    def has_topic(self, topic: str) -> bool:
+        return ("topic", topic, "") in self._registrations
+
+    # -- HTTP -------------------------------------------------------------------------------------
+
+    def handle(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]] = (),
+        body: bytes = b"",
+        *,
+        now: float | None = None,
+    ) -> HttpResponse:
+        """Answer one HTTP request on nsqlookupd's HTTP port."""
+        if not self.running:
+            raise ConnectionRefusedError("nsqlookupd is stopped")
+        if now is not None:
+            self._now = max(self._now, now)
+        date = None if now is None else http_date(self.wall_clock_offset + now)
+        req = _Request(method, target, headers, body)
+        routes = self._routes()
+        methods = routes.get(req.path)
+        if methods is None:
+            return respond_v1(404, "NOT_FOUND", date)
+        entry = methods.get(req.method)
+        if entry is None:
+            allowed = ", ".join(sorted({*methods, "OPTIONS"}))
+            return respond_v1(405, "METHOD_NOT_ALLOWED", date, {"Allow": allowed})
+        func, plain, negotiate = entry
+        envelope = negotiate and not _accepts_v1(req)
+        try:
+            data = func(req, self._now)
+        except HttpError as err:
+            if plain:
+                return respond_plain(err.status, err.text, date)
+            return self._respond(err.status, err.text, date, envelope)
+        if plain:
+            return respond_plain(200, str(data), date)
+        return self._respond(200, data, date, envelope)
+
+    def _respond(
+        self,
+        status: int,
+        data: Any,
+        date: str | None,
+        envelope: bool,
+        extra: dict[str, str] | None = None,
+    ) -> HttpResponse:
+        if not envelope:
+            return respond_v1(status, data, date, extra)
+        # the pre-1.0 envelope the partitioned server still speaks without the Accept header
+        if status == 200:
+            wrapped = {"status_code": 200, "status_txt": "OK", "data": data}
+            code = 200
+        else:
+            wrapped = {"status_code": 500, "status_txt": str(data), "data": None}
+            code = 500
+        header_map = dict(extra or {})
+        header_map["Content-Type"] = "application/json; charset=utf-8"
+        return go_response(code, header_map, go_json(wrapped), date)
+
+    def http_connection(self, now: float) -> HttpServerConnection:
+        """A sans-IO HTTP/1.1 server connection answering with :meth:`handle`."""
+
+        def respond(
+            method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes, t: float
+        ) -> HttpResponse:
+            return self.handle(method, target, headers, body, now=t)
+
+        return HttpServerConnection(respond, now)
+
+    def _routes(self) -> dict[str, dict[str, tuple[Any, bool, bool]]]:
+        """path -> method -> (handler, plain text, version-negotiated)"""
+        negotiate = self.partitioned
+        routes: dict[str, dict[str, tuple[Any, bool, bool]]] = {
+            "/ping": {"GET": (self._ping, True, False)},
+            "/info": {"GET": (self._info, False, negotiate)},
+            "/lookup": {"GET": (self._lookup, False, negotiate)},
+            "/topics": {"GET": (self._topics, False, negotiate)},
+            "/channels": {"GET": (self._channels, False, negotiate)},
+            "/nodes": {"GET": (self._nodes, False, negotiate)},
+            "/topic/create": {"POST": (self._topic_create, False, False)},
+            "/topic/delete": {"POST": (self._topic_delete, False, False)},
+            "/channel/create": {"POST": (self._channel_create, False, False)},
+            "/channel/delete": {"POST": (self._channel_delete, False, False)},
+            "/topic/tombstone": {"POST": (self._tombstone, False, False)},
+        }
+        if self.partitioned:
+            routes["/listlookup"] = {"GET": (self._listlookup, False, True)}
+            routes["/topic/create"]["PUT"] = routes["/topic/create"]["POST"]
+        return routes
+
+    def _ping(self, req: _Request, now: float) -> str:
+        return "OK"
+
+    def _info(self, req: _Request, now: float) -> dict[str, Any]:
+        if self.partitioned and self.cluster is not None:
+            return self.cluster._lookupd_info(self)
+        return {"version": self.version}
+
+    def _topics(self, req: _Request, now: float) -> dict[str, Any]:
+        return {"topics": self.topics()}
+
+    def _channels(self, req: _Request, now: float) -> dict[str, Any]:
+        topic = req.get("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        return {"channels": self.channels(topic)}
+
+    def _lookup(self, req: _Request, now: float) -> dict[str, Any]:
+        topic = req.get("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if self.partitioned and self.cluster is not None:
+            return self.cluster._lookup(self, req, topic, now)
+        if not self.has_topic(topic):
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        return {
+            "channels": self.channels(topic),
+            "producers": [p.info() for p in self.producers(topic, now)],
+        }
+
+    def _nodes(self, req: _Request, now: float) -> dict[str, Any]:
+        nodes = []
+        for peer in self._peers.values():
+            topics = sorted(
+                k[1]
+                for k, producers in self._registrations.items()
+                if k[0] == "topic" and peer.id in producers
+            )
+            info = peer.info()
+            if self.partitioned and self.cluster is not None:
+                info.update(self.cluster._node_extra(peer.nsqd))
+            info["tombstones"] = [self._tombstoned(peer, t, now) for t in topics]
+            info["topics"] = topics
+            nodes.append(info)
+        return {"producers": nodes}
+
+    def _topic_create(self, req: _Request, now: float) -> None:
+        topic = req.get("topic")
+        if not topic:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_topic_name(topic):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        if self.partitioned:
+            self._partitioned_topic_create(req, topic, now)
+            return
+        self._registrations.setdefault(("topic", topic, ""), {})
+
+    def _partitioned_topic_create(self, req: _Request, topic: str, now: float) -> None:
+        """``/topic/create?topic=&partition_num=&replicator=`` on the coordinator leader."""
+
+        def number(key: str, missing: str, invalid: str, low: int, high: int) -> int:
+            text = req.get(key)
+            if not text:
+                raise HttpError(400, missing)
+            try:
+                value = int(text)
+            except ValueError:
+                raise HttpError(400, invalid) from None
+            if not low <= value <= high:
+                raise HttpError(400, invalid)
+            return value
+
+        partitions = number(
+            "partition_num",
+            "MISSING_ARG_TOPIC_PARTITION_NUM",
+            "INVALID_ARG_TOPIC_PARTITION_NUM",
+            1,
+            1024,
+        )
+        replicas = number(
+            "replicator", "MISSING_ARG_TOPIC_REPLICATOR", "INVALID_ARG_TOPIC_REPLICATOR", 1, 6
+        )
+        cluster = self.cluster
+        if cluster is None:
+            raise HttpError(500, "MISSING_COORDINATOR")
+        if cluster.lookupds[0] is not self:
+            raise HttpError(400, "E_FAILED_ON_NOT_LEADER")
+        if topic in cluster.meta:
+            raise HttpError(400, "already exist")
+        if replicas > len(cluster.nodes):
+            raise HttpError(400, "no enough data nodes")
+        cluster.create_topic(
+            topic,
+            now,
+            partitions=partitions,
+            replicas=replicas,
+            ordered=req.get("orderedmulti") == "true",
+            ext=req.get("extend") == "true",
+            disable_channel_auto_create=req.get("disable_channel_auto_create") == "true",
+        )
+
+    def _topic_delete(self, req: _Request, now: float) -> None:
+        topic = req.get("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        for key in [
+            k for k in self._registrations if k[0] in ("channel", "topic") and k[1] == topic
+        ]:
+            del self._registrations[key]
+
+    def _topic_channel(self, req: _Request) -> tuple[str, str]:
+        topic = req.get("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_topic_name(topic):
+            raise HttpError(400, "INVALID_ARG_TOPIC")
+        channel = req.get("channel")
+        if channel is None:
+            raise HttpError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_channel_name(channel):
+            raise HttpError(400, "INVALID_ARG_CHANNEL")
+        return topic, channel
+
+    def _channel_create(self, req: _Request, now: float) -> None:
+        topic, channel = self._topic_channel(req)
+        if self.cluster is not None and topic in self.cluster.meta:
+            self.cluster.create_channel(topic, channel, now)
+            return
+        self._registrations.setdefault(("channel", topic, channel), {})
+        self._registrations.setdefault(("topic", topic, ""), {})
+
+    def _channel_delete(self, req: _Request, now: float) -> None:
+        topic, channel = self._topic_channel(req)
+        if self._registrations.pop(("channel", topic, channel), None) is None:
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+
+    def _tombstone(self, req: _Request, now: float) -> None:
+        topic = req.get("topic")
+        if topic is None:
+            raise HttpError(400, "MISSING_ARG_TOPIC")
+        node = req.get("node")
+        if node is None:
+            raise HttpError(400, "MISSING_ARG_NODE")
+        for peer in self._registrations.get(("topic", topic, ""), {}).values():
+            o = peer.nsqd.options
+            if f"{o.broadcast_address}:{o.http_port}" == node:
+                peer.tombstones[topic] = now
+
+    def _listlookup(self, req: _Request, now: float) -> Any:
+        return None if self.cluster is None else self.cluster._listlookup()
+
+
+def _accepts_v1(req: _Request) -> bool:
+    accept = req.header("accept")
+    return accept is not None and accept.strip() == "application/vnd.nsq; version=1.0"
