@@ -37,10 +37,10 @@ from nsq_proto import (
 from nsq_proto import (
     TraceReceipt as TraceReceipt,
 )
+from nsq_proto._aio import AsyncMessage as Message
+from nsq_proto._aio import TransportError as TransportError
 
 from ._consumer import Consumer as Consumer
-from ._errors import TransportError as TransportError
-from ._message import Message as Message
 from ._producer import Producer as Producer
 
 __all__ = [
@@ -57,4 +57,14 @@ __all__ = [
     "ServerError",
     "TraceReceipt",
     "TransportError",
+    "serve_emulator",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # the emulator host is imported on first use: the client itself does not need it
+    if name == "serve_emulator":
+        from ._server import serve_emulator
+
+        return serve_emulator
+    raise AttributeError(name)

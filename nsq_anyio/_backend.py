@@ -1,0 +1,95 @@
+"""The anyio backend of the shared async client: TCP, TLS, events, scopes, the loop clock."""
+
+from __future__ import annotations
+
+import math
+import socket
+import ssl
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+from anyio.streams.tls import TLSStream
+
+__all__ = ["AnyioBackend", "AnyioStream"]
+
+_READ_SIZE = 256 * 1024
+
+
+class AnyioStream:
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: anyio.abc.ByteStream) -> None:
+        self.raw = raw
+
+    async def send(self, data: bytes) -> None:
+        await self.raw.send(data)
+
+    async def receive(self) -> bytes:
+        try:
+            return await self.raw.receive(_READ_SIZE)
+        except anyio.EndOfStream:
+            return b""
+
+    async def aclose(self) -> None:
+        await self.raw.aclose()
+
+
+class AnyioBackend:
+    io_errors: tuple[type[BaseException], ...] = (
+        OSError,
+        ssl.SSLError,
+        anyio.BrokenResourceError,
+        anyio.ClosedResourceError,
+        anyio.EndOfStream,
+    )
+
+    def current_time(self) -> float:
+        return anyio.current_time()
+
+    def event(self) -> anyio.Event:
+        return anyio.Event()
+
+    def cancel_scope(
+        self, *, deadline: float = math.inf, shield: bool = False
+    ) -> anyio.CancelScope:
+        return anyio.CancelScope(deadline=deadline, shield=shield)
+
+    def task_group(self) -> anyio.abc.TaskGroup:
+        return anyio.create_task_group()
+
+    def cancelled_exc_class(self) -> type[BaseException]:
+        return anyio.get_cancelled_exc_class()
+
+    async def checkpoint(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    async def connect_tcp(self, host: str, port: int) -> AnyioStream:
+        return AnyioStream(await anyio.connect_tcp(host, port))
+
+    async def start_tls(self, stream: Any, ssl_context: Any, hostname: str | None) -> AnyioStream:
+        assert isinstance(stream, AnyioStream)
+        tls = await TLSStream.wrap(
+            stream.raw,
+            hostname=hostname,
+            server_side=False,
+            ssl_context=ssl_context,
+            standard_compatible=False,
+        )
+        return AnyioStream(tls)
+
+    def default_ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context()
+
+    def ssl_check_hostname(self, ssl_context: Any) -> bool:
+        return bool(ssl_context.check_hostname)
+
+    def is_ssl_context(self, value: object) -> bool:
+        return isinstance(value, ssl.SSLContext)
+
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+
+BACKEND = AnyioBackend()

@@ -1,0 +1,874 @@
+"""The async client shared by every adapter, written against a small :class:`Backend`.
+
+Nothing here touches the network, a clock or an event loop directly: an adapter supplies a
+backend (connect, TLS, events, cancel scopes, task groups, the loop's clock), and this module
+supplies what every adapter would otherwise write again: the pump that carries out a core's
+outputs, the message object with its answers, and the ``Consumer``/``Producer`` facades with
+graceful stop, handler style and stats.  ``nsq_anyio`` and ``nsq_trio`` bind it to their
+backends and add nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ._config import ConfigError
+from ._consumer import Consumer as ConsumerCore
+from ._consumer import ConsumerConfig
+from ._errors import LocalProtocolError, NSQError
+from ._events import (
+    ConnectionClosed,
+    ErrorReceived,
+    Event,
+    LookupFailed,
+    MessageGivenUp,
+    MessageReceived,
+    PublishFailed,
+    PublishSucceeded,
+    Stopped,
+)
+from ._features import TraceReceipt
+from ._message import Message as CoreMessage
+from ._outputs import Close, Connect, HttpRequest, Output, Send, StartTLS
+from ._producer import Producer as ProducerCore
+from ._producer import ProducerConfig
+from ._version import __version__
+
+__all__ = [
+    "Backend",
+    "Stream",
+    "Driver",
+    "AsyncMessage",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "TransportError",
+]
+
+log = logging.getLogger("nsq")
+
+#: answers given by an application task without waiting are sent together; every this many
+#: messages taken without waiting, the consumer yields to the loop once anyway
+_CHECKPOINT_EVERY = 256
+
+
+class TransportError(NSQError, ConnectionError):
+    """The network failed: refused, reset, timed out, TLS handshake failed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# what a backend provides
+
+
+class Stream(Protocol):
+    async def send(self, data: bytes) -> None: ...
+    async def receive(self) -> bytes: ...  # b"" at EOF
+    async def aclose(self) -> None: ...
+
+
+class EventLike(Protocol):
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+    async def wait(self) -> Any: ...
+
+
+class ScopeLike(Protocol):
+    def cancel(self) -> None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: object) -> bool | None: ...
+
+
+class TaskGroupLike(Protocol):
+    def start_soon(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
+
+    @property
+    def cancel_scope(self) -> Any: ...
+
+
+class Backend(Protocol):
+    """The I/O and concurrency primitives of one event-loop library."""
+
+    #: exceptions that mean "this transport failed"
+    io_errors: tuple[type[BaseException], ...]
+
+    def current_time(self) -> float: ...
+    # the three factories below return the library's own objects, which have the shapes of
+    # EventLike, ScopeLike and an async context manager of a TaskGroupLike
+    def event(self) -> Any: ...
+    def cancel_scope(self, *, deadline: float = math.inf, shield: bool = False) -> Any: ...
+    def task_group(self) -> Any: ...
+    def cancelled_exc_class(self) -> type[BaseException]: ...
+    async def checkpoint(self) -> None: ...
+    async def connect_tcp(self, host: str, port: int) -> Stream: ...
+    async def start_tls(self, stream: Stream, ssl_context: Any, hostname: str | None) -> Stream: ...
+    def default_ssl_context(self) -> Any: ...
+    def ssl_check_hostname(self, ssl_context: Any) -> bool: ...
+    def is_ssl_context(self, value: object) -> bool: ...
+    def hostname(self) -> str: ...
+
+
+class Core(Protocol):
+    def next_output(self) -> Output | None: ...
+    def next_deadline(self) -> float | None: ...
+    def handle_timer(self, now: float) -> None: ...
+    def connection_made(self, conn_id: int, now: float) -> None: ...
+    def tls_established(self, conn_id: int, now: float) -> None: ...
+    def receive_data(self, conn_id: int, data: bytes, now: float) -> None: ...
+    def connection_lost(
+        self, conn_id: int, now: float, error: BaseException | None = None
+    ) -> None: ...
+    def http_data(self, request_id: int, data: bytes, now: float) -> None: ...
+    def http_failed(self, request_id: int, error: BaseException, now: float) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# the pump
+
+
+@dataclass(eq=False)
+class _Link:
+    conn_id: int
+    host: str
+    stream: Stream | None = None
+    read_scope: ScopeLike | None = None
+    upgrade: bool = False
+    closed: bool = False
+    pending: list[bytes] = field(default_factory=list)
+
+
+class Driver:
+    """Carries out a core's outputs and feeds it bytes and the loop's time.
+
+    Makes no protocol decision: it connects, writes, starts TLS, closes and reads when the
+    core says so, and sleeps until the core's next deadline.  Call :meth:`wake` after every
+    call into the core from outside.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        core: Core,
+        on_event: Callable[[Event], None],
+        *,
+        ssl_context: Any = None,
+        tls_hostname: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.core = core
+        self._on_event = on_event
+        self._ssl_context = ssl_context
+        self._tls_hostname = tls_hostname
+        self._links: dict[int, _Link] = {}
+        self._failures: tuple[type[BaseException], ...] = (TimeoutError, *backend.io_errors)
+        self._wake: EventLike = backend.event()
+        self._tg: TaskGroupLike | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, task_group: TaskGroupLike) -> None:
+        """The pump loop; runs until cancelled."""
+        self._tg = task_group
+        backend = self.backend
+        core = self.core
+        while True:
+            self._wake = backend.event()
+            core.handle_timer(backend.current_time())  # an early call does nothing
+            await self._drain()
+            if self._wake.is_set():
+                continue
+            deadline = core.next_deadline()
+            with backend.cancel_scope(deadline=math.inf if deadline is None else deadline):
+                await self._wake.wait()
+
+    async def flush(self) -> None:
+        """Carry out every pending output now (when the pump task may be cancelled)."""
+        await self._drain()
+
+    async def aclose(self) -> None:
+        """Close every transport still open."""
+        for link in list(self._links.values()):
+            self._links.pop(link.conn_id, None)
+            await self._shut(link)
+
+    async def _drain(self) -> None:
+        core = self.core
+        on_event = self._on_event
+        while (out := core.next_output()) is not None:
+            if isinstance(out, Event):
+                on_event(out)
+            elif type(out) is Send:
+                await self._send(out.conn_id, out.data)
+            elif isinstance(out, Connect):
+                link = _Link(out.conn_id, out.host)
+                self._links[out.conn_id] = link
+                assert self._tg is not None
+                self._tg.start_soon(self._connection, link, out.port, out.timeout)
+            elif isinstance(out, StartTLS):
+                self._start_tls(out)
+            elif isinstance(out, Close):
+                closing = self._links.pop(out.conn_id, None)
+                if closing is not None:
+                    await self._shut(closing)
+            elif isinstance(out, HttpRequest):
+                assert self._tg is not None
+                self._tg.start_soon(self._http, out)
+
+    async def _send(self, conn_id: int, data: bytes) -> None:
+        link = self._links.get(conn_id)
+        if link is None or link.closed:
+            return
+        if link.stream is None or link.upgrade:
+            link.pending.append(data)  # written once connected / once TLS is up
+            return
+        try:
+            await link.stream.send(data)
+        except self.backend.io_errors as exc:
+            await self._lost(link, exc)
+
+    async def _shut(self, link: _Link) -> None:
+        link.closed = True
+        if link.read_scope is not None:
+            link.read_scope.cancel()
+        if link.stream is not None:
+            backend = self.backend
+            with backend.cancel_scope(deadline=backend.current_time() + 1.0, shield=True):
+                with suppress(*backend.io_errors):
+                    await link.stream.aclose()
+
+    async def _lost(self, link: _Link, error: BaseException | None) -> None:
+        if link.closed:
+            return
+        self._links.pop(link.conn_id, None)
+        await self._shut(link)
+        self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
+        self.wake()
+
+    def _start_tls(self, out: StartTLS) -> None:
+        link = self._links.get(out.conn_id)
+        if link is None:
+            return
+        if out.buffered:
+            # nsqd sends nothing between its IDENTIFY response and our ClientHello
+            error = TransportError("data arrived before the TLS handshake")
+            self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
+            return
+        link.upgrade = True
+        if link.read_scope is not None:
+            link.read_scope.cancel()
+
+    async def _connection(self, link: _Link, port: int, timeout: float) -> None:
+        backend = self.backend
+        try:
+            with backend.cancel_scope(deadline=backend.current_time() + timeout) as scope:
+                link.stream = await backend.connect_tcp(link.host, port)
+            if link.stream is None or getattr(scope, "cancelled_caught", False):
+                raise TimeoutError(f"connecting to {link.host}:{port} timed out")
+        except self._failures as exc:
+            await self._lost(link, exc)
+            return
+        if link.closed:
+            await self._shut(link)
+            return
+        pending, link.pending = link.pending, []
+        self.core.connection_made(link.conn_id, backend.current_time())
+        for data in pending:
+            await self._send(link.conn_id, data)
+        self.wake()
+        await self._read_loop(link)
+
+    async def _read_loop(self, link: _Link) -> None:
+        backend = self.backend
+        core = self.core
+        while not link.closed:
+            if link.upgrade:
+                if not await self._upgrade(link):
+                    return
+                continue
+            stream = link.stream
+            assert stream is not None
+            data: bytes | None = None
+            with backend.cancel_scope() as scope:
+                link.read_scope = scope
+                try:
+                    data = await stream.receive()
+                except backend.io_errors as exc:
+                    link.read_scope = None
+                    await self._lost(link, exc)
+                    return
+                link.read_scope = None
+            if data is None:
+                continue  # the read was cancelled: an upgrade or a close
+            if not data:
+                await self._lost(link, None)
+                return
+            core.receive_data(link.conn_id, data, backend.current_time())
+            self.wake()
+
+    async def _upgrade(self, link: _Link) -> bool:
+        backend = self.backend
+        assert link.stream is not None
+        context = (
+            self._ssl_context if self._ssl_context is not None else backend.default_ssl_context()
+        )
+        hostname = self._tls_hostname or link.host
+        try:
+            link.stream = await backend.start_tls(
+                link.stream, context, hostname if backend.ssl_check_hostname(context) else None
+            )
+        except backend.io_errors as exc:
+            await self._lost(link, exc)
+            return False
+        link.upgrade = False
+        self.core.tls_established(link.conn_id, backend.current_time())
+        pending, link.pending = link.pending, []
+        for data in pending:
+            await self._send(link.conn_id, data)
+        self.wake()
+        return True
+
+    async def _http(self, req: HttpRequest) -> None:
+        backend = self.backend
+        core = self.core
+        try:
+            with backend.cancel_scope(deadline=backend.current_time() + req.timeout) as scope:
+                stream = await backend.connect_tcp(req.host, req.port)
+                try:
+                    await stream.send(req.data)
+                    while True:
+                        chunk = await stream.receive()
+                        core.http_data(req.request_id, chunk, backend.current_time())
+                        self.wake()
+                        if not chunk:
+                            return
+                finally:
+                    with backend.cancel_scope(shield=True):
+                        with suppress(*backend.io_errors):
+                            await stream.aclose()
+            if getattr(scope, "cancelled_caught", False):
+                raise TimeoutError("lookupd request timed out")
+        except self._failures as exc:
+            core.http_failed(req.request_id, exc, backend.current_time())
+            self.wake()
+
+
+# ---------------------------------------------------------------------------------------------
+# the application-facing objects
+
+
+class _Inbox:
+    """Messages waiting for the application (RDY bounds how many)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._items: deque[AsyncMessage] = deque()
+        self._event = backend.event()
+        self.closed = False
+        self._taken = 0
+
+    def put(self, item: AsyncMessage) -> None:
+        self._items.append(item)
+        self._event.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._event.set()
+
+    def drain(self) -> list[AsyncMessage]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    async def get(self) -> AsyncMessage | None:
+        """The next message, or None once closed and empty."""
+        self._taken += 1
+        if self._items and self._taken % _CHECKPOINT_EVERY:
+            # no checkpoint: answers given meanwhile go out together when this task waits
+            return self._items.popleft()
+        await self._backend.checkpoint()
+        while not self._items:
+            if self.closed:
+                return None
+            self._event = self._backend.event()
+            await self._event.wait()
+        return self._items.popleft()
+
+
+class AsyncMessage:
+    """A delivered message with its answers.  Answer each message once: ``finish`` or
+    ``requeue`` (``touch`` buys time first)."""
+
+    __slots__ = ("_consumer", "_message", "_responded", "conn_id", "nsqd_address", "partition")
+
+    def __init__(
+        self,
+        consumer: AsyncConsumer,
+        conn_id: int,
+        message: CoreMessage,
+        nsqd_address: str,
+        partition: int | None,
+    ) -> None:
+        self._consumer = consumer
+        self._message = message
+        self.conn_id = conn_id
+        self.nsqd_address = nsqd_address
+        self.partition = partition
+        self._responded = False
+
+    @property
+    def id(self) -> bytes:
+        return self._message.id
+
+    @property
+    def body(self) -> bytes:
+        return self._message.body
+
+    @property
+    def attempts(self) -> int:
+        return self._message.attempts
+
+    @property
+    def timestamp(self) -> int:
+        """Nanoseconds since the epoch, when nsqd received the message."""
+        return self._message.timestamp
+
+    @property
+    def trace_id(self) -> int | None:
+        """The trace id (partitioned server), else None."""
+        return self._message.trace_id
+
+    @property
+    def raw(self) -> CoreMessage:
+        return self._message
+
+    @property
+    def has_responded(self) -> bool:
+        return self._responded
+
+    def _mark(self) -> None:
+        if self._responded:
+            raise LocalProtocolError("this message has already been answered")
+        self._responded = True
+
+    async def finish(self) -> None:
+        self._mark()
+        self._consumer._finish(self)
+
+    async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+        """REQ; ``delay`` None grows with attempts; ``backoff`` counts it as a failure."""
+        self._mark()
+        self._consumer._requeue(self, delay, backoff)
+
+    async def touch(self) -> None:
+        if self._responded:
+            raise LocalProtocolError("this message has already been answered")
+        self._consumer._touch(self)
+
+    def __repr__(self) -> str:
+        return f"<Message id={self.id!r} attempts={self.attempts} body={self.body[:40]!r}>"
+
+
+Handler = Callable[[AsyncMessage], Awaitable[object]]
+GiveUpHook = Callable[[AsyncMessage], object]
+
+
+def _tls(backend: Backend, tls: object) -> tuple[bool, Any]:
+    if tls is None or tls is False:
+        return False, None
+    if tls is True:
+        return True, backend.default_ssl_context()
+    if backend.is_ssl_context(tls):
+        return True, tls
+    raise ConfigError("tls must be an ssl.SSLContext, True or None")
+
+
+def _options(backend: Backend, options: dict[str, Any], agent: str) -> dict[str, Any]:
+    hostname = backend.hostname()
+    options.setdefault("client_id", hostname.split(".")[0])
+    options.setdefault("hostname", hostname)
+    options.setdefault("user_agent", f"{agent}/{__version__}")
+    if isinstance(options.get("auth_secret"), str):
+        options["auth_secret"] = options["auth_secret"].encode()
+    return options
+
+
+class _Client:
+    """``async with`` plumbing shared by the consumer and the producer."""
+
+    _driver: Driver
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._tg_cm: AbstractAsyncContextManager[TaskGroupLike] | None = None
+        self._tg: TaskGroupLike | None = None
+
+    async def _enter(self) -> None:
+        self._tg_cm = self._backend.task_group()
+        self._tg = await self._tg_cm.__aenter__()
+        self._tg.start_soon(self._driver.run, self._tg)
+
+    async def _exit(self, exc_info: tuple[Any, Any, Any]) -> bool | None:
+        assert self._tg is not None and self._tg_cm is not None
+        self._tg.cancel_scope.cancel()
+        return await self._tg_cm.__aexit__(*exc_info)
+
+
+class AsyncConsumer(_Client):
+    """Consume ``topic``/``channel`` from nsqd (a fixed list) or from what lookupd lists.
+
+    Every option of :class:`nsq_proto.ConsumerConfig` is a keyword argument of the same name.
+    ``tls`` takes an ``ssl.SSLContext`` (or True for the default, verifying context).
+    Leaving the ``async with`` block stops gracefully: CLS, then wait (up to
+    ``stop_timeout``) for the messages the application holds to be answered; the rest is
+    requeued.  Cancelled, it requeues what the application holds at once.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        topic: str,
+        channel: str,
+        *,
+        nsqd_tcp_addresses: Iterable[str] = (),
+        lookupd_http_addresses: Iterable[str] = (),
+        tls: object = None,
+        tls_hostname: str | None = None,
+        on_give_up: GiveUpHook | None = None,
+        rng: random.Random | None = None,
+        agent: str = "nsq",
+        **options: Any,
+    ) -> None:
+        super().__init__(backend)
+        use_tls, context = _tls(backend, tls)
+        self.config = ConsumerConfig(tls_v1=use_tls, **_options(backend, options, agent))
+        self._core = ConsumerCore(
+            topic,
+            channel,
+            self.config,
+            nsqd_tcp_addresses=nsqd_tcp_addresses,
+            lookupd_http_addresses=lookupd_http_addresses,
+            rng=rng,
+        )
+        self.topic = topic
+        self.channel = channel
+        self._driver = Driver(
+            backend, self._core, self._on_event, ssl_context=context, tls_hostname=tls_hostname
+        )
+        self._on_give_up = on_give_up
+        self._inbox = _Inbox(backend)
+        self._stopped = backend.event()
+        self._conn_info: dict[int, tuple[str, int | None]] = {}
+        self.errors: list[ErrorReceived] = []
+        self.lookup_failures: list[LookupFailed] = []
+
+    async def __aenter__(self) -> Any:
+        await self._enter()
+        self._core.start(self._backend.current_time())
+        self._driver.wake()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        cancelled = isinstance(exc_info[1], self._backend.cancelled_exc_class())
+        await self._stop(requeue_unanswered=cancelled)
+        with self._backend.cancel_scope(shield=True):
+            await self._driver.aclose()
+        return await self._exit(exc_info)
+
+    async def _stop(self, *, requeue_unanswered: bool = False) -> None:
+        backend = self._backend
+        with backend.cancel_scope(shield=True):
+            now = backend.current_time()
+            self._core.stop(now, requeue_unanswered=requeue_unanswered)
+            # messages delivered but never handed to the application go back at once
+            for message in self._inbox.drain():
+                message._responded = True
+                self._core.requeue(message.conn_id, message.id, now, delay=0.0, backoff=False)
+            if requeue_unanswered:
+                # the pump task is cancelled with us: carry out the requeues and closes here
+                with backend.cancel_scope(deadline=now + 5.0, shield=True):
+                    await self._driver.flush()
+                self._inbox.close()
+                return
+            self._driver.wake()
+            with backend.cancel_scope(deadline=now + self.config.stop_timeout + 5.0):
+                await self._stopped.wait()
+            self._inbox.close()
+
+    async def stop(self) -> None:
+        """Stop gracefully now (leaving the ``async with`` block does the same)."""
+        await self._stop()
+
+    def _on_event(self, event: Event) -> None:
+        if type(event) is MessageReceived:
+            self._inbox.put(self._wrap(event.conn_id, event.message))
+        elif isinstance(event, MessageGivenUp):
+            message = self._wrap(event.conn_id, event.message)
+            message._responded = event.finished
+            log.warning("giving up on message %r after %d attempts", message.id, message.attempts)
+            if self._on_give_up is not None:
+                self._on_give_up(message)
+        elif isinstance(event, ErrorReceived):
+            self.errors.append(event)
+            log.warning("nsqd error on connection %d: %s %s", event.conn_id, event.code, event.text)
+        elif isinstance(event, LookupFailed):
+            self.lookup_failures.append(event)
+            log.warning("lookupd %s:%d failed: %s", *event.address, event.error)
+        elif isinstance(event, ConnectionClosed):
+            self._conn_info.pop(event.conn_id, None)
+            if event.error is not None:
+                log.warning("connection %d closed: %s", event.conn_id, event.error)
+        elif isinstance(event, Stopped):
+            self._stopped.set()
+            self._inbox.close()
+
+    def _wrap(self, conn_id: int, message: CoreMessage) -> AsyncMessage:
+        info = self._conn_info.get(conn_id)
+        if info is None:
+            stats = self._core.connection_stats(conn_id)
+            if stats is None:
+                info = ("", None)
+            else:
+                info = (f"{stats.address[0]}:{stats.address[1]}", stats.partition)
+            self._conn_info[conn_id] = info
+        return AsyncMessage(self, conn_id, message, info[0], info[1])
+
+    def _finish(self, message: AsyncMessage) -> None:
+        self._core.finish(message.conn_id, message.id, self._backend.current_time())
+        self._driver.wake()
+
+    def _requeue(self, message: AsyncMessage, delay: float | None, backoff: bool) -> None:
+        self._core.requeue(
+            message.conn_id, message.id, self._backend.current_time(), delay=delay, backoff=backoff
+        )
+        self._driver.wake()
+
+    def _touch(self, message: AsyncMessage) -> None:
+        self._core.touch(message.conn_id, message.id, self._backend.current_time())
+        self._driver.wake()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self._inbox.get()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    async def run(self, handler: Handler, concurrency: int | None = None) -> None:
+        """Handler style: returning FINishes, raising REQueues with backoff; at most
+        ``concurrency`` handlers run at once (default: max_in_flight).  Returns when the
+        consumer stops."""
+        n = concurrency if concurrency is not None else max(1, self.config.max_in_flight)
+        if n < 1:
+            raise ConfigError("concurrency must be at least 1")
+        async with self._backend.task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(self._worker, handler)
+
+    async def _worker(self, handler: Handler) -> None:
+        inbox = self._inbox
+        while (message := await inbox.get()) is not None:
+            try:
+                await handler(message)
+            except Exception:
+                log.exception("handler failed for message %r", message.id)
+                if not message.has_responded:
+                    await message.requeue()
+            else:
+                if not message.has_responded:
+                    await message.finish()
+
+    def is_starved(self) -> bool:
+        return self._core.is_starved()
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        self._core.set_max_in_flight(max_in_flight, self._backend.current_time())
+        self._driver.wake()
+
+    def stats(self) -> dict[str, Any]:
+        core = self._core
+        return {
+            "topic": self.topic,
+            "channel": self.channel,
+            "max_in_flight": core.max_in_flight,
+            "total_rdy": core.total_rdy,
+            "backoff_level": core.backoff_level,
+            "starved": core.is_starved(),
+            "messages_received": core.messages_received,
+            "messages_finished": core.messages_finished,
+            "messages_requeued": core.messages_requeued,
+            "messages_given_up": core.messages_given_up,
+            "connections": [
+                {
+                    "conn_id": s.conn_id,
+                    "address": s.key,
+                    "state": s.state,
+                    "rdy": s.rdy,
+                    "in_flight": s.in_flight,
+                    "partition": s.partition,
+                }
+                for s in core.connections()
+            ],
+        }
+
+
+class _Waiter:
+    __slots__ = ("done", "error", "receipt")
+
+    def __init__(self, done: EventLike) -> None:
+        self.done = done
+        self.receipt: TraceReceipt | None = None
+        self.error: NSQError | None = None
+
+
+class AsyncProducer(_Client):
+    """Publish to nsqd over a pool of pipelined connections.
+
+    Every option of :class:`nsq_proto.ProducerConfig` is a keyword argument of the same name.
+    Give ``nsqd_tcp_addresses`` (failover across them), and ``lookupd_http_addresses`` for
+    topics of the partitioned server.  Failures raise :class:`nsq_proto.NSQError`
+    subclasses: ``ServerError`` (nsqd refused it), ``ConnectionClosedError``,
+    ``PublishTimeout``, ``LocalProtocolError`` (bad arguments).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        nsqd_tcp_addresses: Iterable[str] = (),
+        lookupd_http_addresses: Iterable[str] = (),
+        tls: object = None,
+        tls_hostname: str | None = None,
+        rng: random.Random | None = None,
+        agent: str = "nsq",
+        **options: Any,
+    ) -> None:
+        super().__init__(backend)
+        use_tls, context = _tls(backend, tls)
+        self.config = ProducerConfig(tls_v1=use_tls, **_options(backend, options, agent))
+        self._core = ProducerCore(
+            self.config,
+            nsqd_tcp_addresses=nsqd_tcp_addresses,
+            lookupd_http_addresses=lookupd_http_addresses,
+            rng=rng,
+        )
+        self._driver = Driver(
+            backend, self._core, self._on_event, ssl_context=context, tls_hostname=tls_hostname
+        )
+        self._waiters: dict[int, _Waiter] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> Any:
+        await self._enter()
+        self._core.start(self._backend.current_time())
+        self._driver.wake()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        await self.aclose()
+        return await self._exit(exc_info)
+
+    async def aclose(self) -> None:
+        """Wait (shielded, up to ``publish_timeout``) for what is in flight, then close."""
+        if self._closed:
+            return
+        self._closed = True
+        backend = self._backend
+        with backend.cancel_scope(shield=True):
+            now = backend.current_time()
+            with backend.cancel_scope(deadline=now + self.config.publish_timeout):
+                while self._waiters:
+                    await next(iter(self._waiters.values())).done.wait()
+            self._core.close(backend.current_time())
+            with backend.cancel_scope(deadline=backend.current_time() + 5.0):
+                await self._driver.flush()
+            await self._driver.aclose()
+
+    def _on_event(self, event: Event) -> None:
+        if type(event) is PublishSucceeded:
+            waiter = self._waiters.pop(event.request_id, None)
+            if waiter is not None:
+                waiter.receipt = event.receipt
+                waiter.done.set()
+        elif type(event) is PublishFailed:
+            waiter = self._waiters.pop(event.request_id, None)
+            if waiter is not None:
+                waiter.error = event.error
+                waiter.done.set()
+
+    async def _wait(self, request_id: int) -> TraceReceipt | None:
+        waiter = _Waiter(self._backend.event())
+        self._waiters[request_id] = waiter
+        self._driver.wake()
+        try:
+            await waiter.done.wait()
+        finally:
+            self._waiters.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.receipt
+
+    def _check_open(self) -> None:
+        if self._closed or self._tg is None:
+            raise LocalProtocolError("use the producer inside 'async with'")
+
+    async def publish(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        delay: float | None = None,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_id: int | None = None,
+    ) -> TraceReceipt | None:
+        """PUB (DPUB with ``delay`` seconds; PUB_TRACE with ``trace_id``, which returns the
+        trace receipt).  Returns once nsqd acknowledged it."""
+        self._check_open()
+        rid = self._core.publish(
+            topic,
+            body,
+            self._backend.current_time(),
+            delay=delay,
+            partition=partition,
+            sharding_key=sharding_key,
+            trace_id=trace_id,
+        )
+        return await self._wait(rid)
+
+    async def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        *,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_ids: Iterable[int] | None = None,
+    ) -> TraceReceipt | None:
+        """MPUB (MPUB_TRACE with ``trace_ids``): all or nothing, once nsqd acknowledged it."""
+        self._check_open()
+        rid = self._core.publish_many(
+            topic,
+            bodies,
+            self._backend.current_time(),
+            partition=partition,
+            sharding_key=sharding_key,
+            trace_ids=trace_ids,
+        )
+        return await self._wait(rid)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pending": self._core.pending,
+            "connections": [
+                {"conn_id": c, "address": f"{a[0]}:{a[1]}", "state": s, "outstanding": n}
+                for c, a, s, n in self._core.connections()
+            ],
+        }
