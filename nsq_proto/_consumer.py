@@ -782,9 +782,11 @@ class Consumer:
         if delay is None:
             delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
         self.messages_requeued += 1
-        rec.conn.requeue(msg_id, delay)
         if backoff:
+            # RDY 0 goes out before the REQ (go-nsq sends it after): otherwise nsqd may hand
+            # out another message in the slot the REQ frees, inside the backoff window
             self._backoff_signal(False, now)
+        rec.conn.requeue(msg_id, delay)
         self._after_answer(rec, now)
         return True
 

@@ -1,16 +1,16 @@
 """End-to-end scenarios: the public API over real loopback TCP against the emulator, on every
-anyio backend."""
+anyio backend and with nsq_trio."""
 
 from __future__ import annotations
 
 import ssl
+from types import ModuleType
 from typing import Any
 
 import anyio
 import pytest
 import trustme
 
-import nsq_anyio
 from nsq_anyio._server import serve_emulator
 from nsq_proto.testing import Authorization, AuthState, static_authorizer
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.anyio
 TIMEOUT = 15
 
 
-async def consume(consumer: nsq_anyio.Consumer, n: int) -> list[nsq_anyio.Message]:
+async def consume(consumer: Any, n: int) -> list[Any]:
     got = []
     with anyio.fail_after(TIMEOUT):
         async for message in consumer:
@@ -30,14 +30,14 @@ async def consume(consumer: nsq_anyio.Consumer, n: int) -> list[nsq_anyio.Messag
     return got
 
 
-async def test_pub_mpub_dpub_round_trip() -> None:
+async def test_pub_mpub_dpub_round_trip(lib: ModuleType) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         addresses = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Producer(nsqd_tcp_addresses=addresses) as producer:
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
             assert await producer.publish("t", b"one") is None
             await producer.publish_many("t", [b"two", b"three"])
             await producer.publish("t", b"later", delay=0.2)
-        async with nsq_anyio.Consumer("t", "c", nsqd_tcp_addresses=addresses, max_in_flight=5) as c:
+        async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses, max_in_flight=5) as c:
             got = await consume(c, 4)
         assert sorted(m.body for m in got) == [b"later", b"one", b"three", b"two"]
         assert all(m.attempts == 1 and m.nsqd_address == addresses[0] for m in got)
@@ -45,12 +45,12 @@ async def test_pub_mpub_dpub_round_trip() -> None:
         assert (stats.depth, stats.in_flight_count, stats.deferred_count) == (0, 0, 0)
 
 
-async def test_lookupd_discovers_every_nsqd_and_max_in_flight_holds() -> None:
+async def test_lookupd_discovers_every_nsqd_and_max_in_flight_holds(lib: ModuleType) -> None:
     async with serve_emulator(nsqd_count=3) as cluster:
         for address in cluster.nsqd_tcp_addresses:
-            async with nsq_anyio.Producer(nsqd_tcp_addresses=[address]) as producer:
+            async with lib.Producer(nsqd_tcp_addresses=[address]) as producer:
                 await producer.publish_many("t", [address.encode()] * 20)
-        async with nsq_anyio.Consumer(
+        async with lib.Consumer(
             "t", "c", lookupd_http_addresses=cluster.lookupd_http_addresses, max_in_flight=6
         ) as consumer:
             got = []
@@ -71,19 +71,19 @@ async def test_lookupd_discovers_every_nsqd_and_max_in_flight_holds() -> None:
         assert {m.body.decode() for m in got} == set(cluster.nsqd_tcp_addresses)
 
 
-async def test_handler_style_backoff_and_give_up() -> None:
-    given_up: list[nsq_anyio.Message] = []
+async def test_handler_style_backoff_and_give_up(lib: ModuleType) -> None:
+    given_up: list[Any] = []
     async with serve_emulator(lookupd=False) as cluster:
         addresses = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Producer(nsqd_tcp_addresses=addresses) as producer:
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
             await producer.publish("t", b"poison")
         attempts: list[int] = []
 
-        async def handler(message: nsq_anyio.Message) -> None:
+        async def handler(message: Any) -> None:
             attempts.append(message.attempts)
             raise RuntimeError("always fails")
 
-        async with nsq_anyio.Consumer(
+        async with lib.Consumer(
             "t",
             "c",
             nsqd_tcp_addresses=addresses,
@@ -106,18 +106,18 @@ async def test_handler_style_backoff_and_give_up() -> None:
 
 
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
-async def test_compression(compression: str) -> None:
+async def test_compression(lib: ModuleType, compression: str) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         options: dict[str, Any] = {compression: True}
         addresses = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Producer(nsqd_tcp_addresses=addresses, **options) as producer:
+        async with lib.Producer(nsqd_tcp_addresses=addresses, **options) as producer:
             await producer.publish_many("t", [b"abc" * 100, b"x"])
-        async with nsq_anyio.Consumer("t", "c", nsqd_tcp_addresses=addresses, **options) as c:
+        async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses, **options) as c:
             got = await consume(c, 2)
         assert sorted(m.body for m in got) == [b"abc" * 100, b"x"]
 
 
-async def test_tls_with_verification() -> None:
+async def test_tls_with_verification(lib: ModuleType) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -126,75 +126,73 @@ async def test_tls_with_verification() -> None:
     ca.configure_trust(client_ctx)
     async with serve_emulator(lookupd=False, tls_context=server_ctx) as cluster:
         addresses = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Producer(
+        async with lib.Producer(
             nsqd_tcp_addresses=addresses, tls=client_ctx, snappy=True
         ) as producer:
             await producer.publish("t", b"secret")
-        async with nsq_anyio.Consumer(
-            "t", "c", nsqd_tcp_addresses=addresses, tls=client_ctx
-        ) as consumer:
+        async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses, tls=client_ctx) as consumer:
             (message,) = await consume(consumer, 1)
         assert message.body == b"secret"
 
 
-async def test_tls_verification_failure_is_typed() -> None:
+async def test_tls_verification_failure_is_typed(lib: ModuleType) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(server_ctx)
     async with serve_emulator(lookupd=False, tls_context=server_ctx) as cluster:
-        async with nsq_anyio.Producer(
+        async with lib.Producer(
             nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
             tls=ssl.create_default_context(),  # does not trust the test CA
             publish_timeout=2.0,
             max_attempts=1,
         ) as producer:
-            with pytest.raises(nsq_anyio.NSQError):
+            with pytest.raises(lib.NSQError):
                 await producer.publish("t", b"x")
 
 
-async def test_auth() -> None:
+async def test_auth(lib: ModuleType) -> None:
     authorizer = static_authorizer(
         {"good": AuthState(identity="u", authorizations=(Authorization(topic="^t$"),))}
     )
     async with serve_emulator(lookupd=False, nsqd_options={"auth": authorizer}) as cluster:
         addresses = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Producer(nsqd_tcp_addresses=addresses, auth_secret="good") as p:
+        async with lib.Producer(nsqd_tcp_addresses=addresses, auth_secret="good") as p:
             await p.publish("t", b"allowed")
-            with pytest.raises(nsq_anyio.ServerError) as info:
+            with pytest.raises(lib.ServerError) as info:
                 await p.publish("forbidden", b"x")
             assert info.value.code == "E_UNAUTHORIZED"
-        async with nsq_anyio.Consumer(
+        async with lib.Consumer(
             "t", "c", nsqd_tcp_addresses=addresses, auth_secret=b"good"
         ) as consumer:
             (message,) = await consume(consumer, 1)
         assert message.body == b"allowed"
 
 
-async def test_heartbeats_keep_the_connection_alive() -> None:
+async def test_heartbeats_keep_the_connection_alive(lib: ModuleType) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         addresses = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Consumer(
+        async with lib.Consumer(
             "t", "c", nsqd_tcp_addresses=addresses, heartbeat_interval=1.0
         ) as consumer:
             await anyio.sleep(3.5)  # several heartbeats; nsqd drops a silent client after 2
             (client,) = [s for s in cluster.nsqds[0].client_stats() if not s.closed]
-            async with nsq_anyio.Producer(nsqd_tcp_addresses=addresses) as producer:
+            async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
                 await producer.publish("t", b"still here")
             (message,) = await consume(consumer, 1)
             assert message.body == b"still here"
             assert next(s.id for s in cluster.nsqds[0].client_stats() if not s.closed) == client.id
 
 
-async def test_nsqd_restart_consumer_reconnects_and_producer_fails_over() -> None:
+async def test_nsqd_restart_consumer_reconnects_and_producer_fails_over(lib: ModuleType) -> None:
     async with serve_emulator(nsqd_count=2, lookupd=False) as cluster:
         first, second = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Producer(
+        async with lib.Producer(
             nsqd_tcp_addresses=[first, second], reconnect_delay=0.1, publish_timeout=10.0
         ) as producer:
-            async with nsq_anyio.Producer(nsqd_tcp_addresses=[first]) as direct:
+            async with lib.Producer(nsqd_tcp_addresses=[first]) as direct:
                 await direct.publish("t", b"before")
-            async with nsq_anyio.Consumer(
+            async with lib.Consumer(
                 "t", "c", nsqd_tcp_addresses=[first], reconnect_delay=0.2, reconnect_jitter=0.0
             ) as consumer:
                 (m,) = await consume(consumer, 1)
@@ -216,20 +214,20 @@ async def test_nsqd_restart_consumer_reconnects_and_producer_fails_over() -> Non
                         if not s.closed and s.subscription
                     ]:
                         await anyio.sleep(0.05)
-                async with nsq_anyio.Producer(nsqd_tcp_addresses=[first]) as direct:
+                async with lib.Producer(nsqd_tcp_addresses=[first]) as direct:
                     await direct.publish("t", b"after")
                 (m,) = await consume(consumer, 1)
                 assert m.body == b"after"
 
 
-async def test_graceful_stop_loses_nothing() -> None:
+async def test_graceful_stop_loses_nothing(lib: ModuleType) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         addresses = cluster.nsqd_tcp_addresses
         bodies = [b"%d" % i for i in range(50)]
-        async with nsq_anyio.Producer(nsqd_tcp_addresses=addresses) as producer:
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
             await producer.publish_many("t", bodies)
         finished: list[bytes] = []
-        async with nsq_anyio.Consumer(
+        async with lib.Consumer(
             "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=20, stop_timeout=1.0
         ) as consumer:
             held = []
@@ -247,20 +245,18 @@ async def test_graceful_stop_loses_nothing() -> None:
                 await anyio.sleep(0.01)
         assert cluster.nsqds[0].channel_stats("t", "c").depth == len(bodies) - len(finished)
         # a second consumer gets exactly the rest
-        async with nsq_anyio.Consumer(
-            "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=50
-        ) as c:
+        async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses, max_in_flight=50) as c:
             rest = await consume(c, len(bodies) - len(finished))
         assert sorted(finished + [m.body for m in rest]) == sorted(bodies)
 
 
-async def test_cancelling_the_scope_requeues_unanswered_messages() -> None:
+async def test_cancelling_the_scope_requeues_unanswered_messages(lib: ModuleType) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         addresses = cluster.nsqd_tcp_addresses
-        async with nsq_anyio.Producer(nsqd_tcp_addresses=addresses) as producer:
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
             await producer.publish_many("t", [b"a", b"b", b"c"])
         with anyio.move_on_after(1.0):
-            async with nsq_anyio.Consumer(
+            async with lib.Consumer(
                 "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=3
             ) as consumer:
                 async for _message in consumer:
@@ -273,12 +269,10 @@ async def test_cancelling_the_scope_requeues_unanswered_messages() -> None:
         assert stats.requeue_count >= 1
 
 
-async def test_unreachable_nsqd_fails_publish_with_a_typed_error() -> None:
+async def test_unreachable_nsqd_fails_publish_with_a_typed_error(lib: ModuleType) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         address = cluster.nsqd_tcp_addresses[0]
         cluster.nsqds[0].stop(cluster.now())
-        async with nsq_anyio.Producer(
-            nsqd_tcp_addresses=[address], publish_timeout=0.5
-        ) as producer:
-            with pytest.raises(nsq_anyio.NSQError):
+        async with lib.Producer(nsqd_tcp_addresses=[address], publish_timeout=0.5) as producer:
+            with pytest.raises(lib.NSQError):
                 await producer.publish("t", b"x")

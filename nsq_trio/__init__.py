@@ -1,0 +1,66 @@
+"""nsq_trio: an NSQ client on trio's own primitives, with the API of nsq_anyio.
+
+.. code-block:: python
+
+    async with nsq_trio.Producer(nsqd_tcp_addresses=["127.0.0.1:4150"]) as producer:
+        await producer.publish("topic", b"body")
+
+    async with nsq_trio.Consumer("topic", "channel", nsqd_tcp_addresses=[...]) as consumer:
+        async for message in consumer:
+            await message.finish()
+"""
+
+from typing import Any
+
+from nsq_proto import AuthRequired as AuthRequired
+from nsq_proto import ConfigError as ConfigError
+from nsq_proto import ConnectionClosedError as ConnectionClosedError
+from nsq_proto import LocalProtocolError as LocalProtocolError
+from nsq_proto import NSQError as NSQError
+from nsq_proto import PublishTimeout as PublishTimeout
+from nsq_proto import RemoteProtocolError as RemoteProtocolError
+from nsq_proto import ServerError as ServerError
+from nsq_proto import TraceReceipt as TraceReceipt
+from nsq_proto._aio import AsyncConsumer, AsyncProducer
+from nsq_proto._aio import AsyncMessage as Message
+from nsq_proto._aio import TransportError as TransportError
+
+from ._backend import BACKEND
+
+__all__ = [
+    "AuthRequired",
+    "ConfigError",
+    "ConnectionClosedError",
+    "Consumer",
+    "LocalProtocolError",
+    "Message",
+    "NSQError",
+    "Producer",
+    "PublishTimeout",
+    "RemoteProtocolError",
+    "ServerError",
+    "TraceReceipt",
+    "TransportError",
+]
+
+
+class Consumer(AsyncConsumer):
+    __doc__ = AsyncConsumer.__doc__
+
+    def __init__(self, topic: str, channel: str, **options: Any) -> None:
+        super().__init__(BACKEND, topic, channel, agent="nsq_trio", **options)
+
+    async def __aenter__(self) -> "Consumer":
+        await super().__aenter__()
+        return self
+
+
+class Producer(AsyncProducer):
+    __doc__ = AsyncProducer.__doc__
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(BACKEND, agent="nsq_trio", **options)
+
+    async def __aenter__(self) -> "Producer":
+        await super().__aenter__()
+        return self

@@ -1,0 +1,85 @@
+"""The trio backend of the shared async client: trio's own streams, SSLStream, nurseries and
+clock (so ``trio.testing.MockClock`` drives every timer)."""
+
+from __future__ import annotations
+
+import math
+import socket
+import ssl
+from typing import Any
+
+import trio
+import trio.lowlevel
+
+__all__ = ["TrioBackend", "TrioStream", "BACKEND"]
+
+_READ_SIZE = 256 * 1024
+
+
+class TrioStream:
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: trio.abc.Stream) -> None:
+        self.raw = raw
+
+    async def send(self, data: bytes) -> None:
+        await self.raw.send_all(data)
+
+    async def receive(self) -> bytes:
+        return bytes(await self.raw.receive_some(_READ_SIZE))
+
+    async def aclose(self) -> None:
+        await self.raw.aclose()
+
+
+class TrioBackend:
+    io_errors: tuple[type[BaseException], ...] = (
+        OSError,
+        ssl.SSLError,
+        trio.BrokenResourceError,
+        trio.ClosedResourceError,
+    )
+
+    def current_time(self) -> float:
+        return trio.current_time()
+
+    def event(self) -> trio.Event:
+        return trio.Event()
+
+    def cancel_scope(self, *, deadline: float = math.inf, shield: bool = False) -> trio.CancelScope:
+        return trio.CancelScope(deadline=deadline, shield=shield)
+
+    def task_group(self) -> Any:
+        return trio.open_nursery()
+
+    def cancelled_exc_class(self) -> type[BaseException]:
+        return trio.Cancelled
+
+    async def checkpoint(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def connect_tcp(self, host: str, port: int) -> TrioStream:
+        return TrioStream(await trio.open_tcp_stream(host, port))
+
+    async def start_tls(self, stream: Any, ssl_context: Any, hostname: str | None) -> TrioStream:
+        assert isinstance(stream, TrioStream)
+        tls = trio.SSLStream(
+            stream.raw, ssl_context, server_hostname=hostname, https_compatible=True
+        )
+        await tls.do_handshake()
+        return TrioStream(tls)
+
+    def default_ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context()
+
+    def ssl_check_hostname(self, ssl_context: Any) -> bool:
+        return bool(ssl_context.check_hostname)
+
+    def is_ssl_context(self, value: object) -> bool:
+        return isinstance(value, ssl.SSLContext)
+
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+
+BACKEND = TrioBackend()
