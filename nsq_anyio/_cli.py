@@ -115,12 +115,53 @@ async def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _demo(args: argparse.Namespace) -> int:
+    """Serve the emulator, publish ``--count`` messages, tail them back, check every one."""
+    import time
+
+    from ._server import serve_emulator
+
+    async with serve_emulator(nsqd_count=2) as cluster:
+        print(f"emulated nsqd at {', '.join(cluster.nsqd_tcp_addresses)}", file=sys.stderr)
+        print(f"emulated lookupd at {cluster.lookupd_http_addresses[0]}", file=sys.stderr)
+        bodies = [b"message %d" % i for i in range(args.count)]
+        start = time.perf_counter()
+        async with Producer(nsqd_tcp_addresses=cluster.nsqd_tcp_addresses) as producer:
+            for i in range(0, len(bodies), 100):
+                await producer.publish_many(args.topic, bodies[i : i + 100])
+        published = time.perf_counter() - start
+        seen: set[bytes] = set()
+        start = time.perf_counter()
+        async with Consumer(
+            args.topic,
+            "demo",
+            lookupd_http_addresses=cluster.lookupd_http_addresses,
+            max_in_flight=200,
+        ) as consumer:
+            with anyio.fail_after(60):
+                async for message in consumer:
+                    seen.add(message.body)
+                    await message.finish()
+                    if len(seen) == len(bodies):
+                        break
+        consumed = time.perf_counter() - start
+    missing = len(set(bodies) - seen)
+    print(f"published {len(bodies)} messages in {published:.2f} s")
+    print(f"consumed {len(seen)} distinct messages in {consumed:.2f} s (via lookupd, 2 nsqd)")
+    print("round trip OK" if not missing else f"round trip FAILED: {missing} missing")
+    return 0 if not missing else 1
+
+
 async def _with_signals(coro: Any, args: argparse.Namespace) -> int:
     result = 1
+    failure: BaseException | None = None
 
     async def body(scope: anyio.CancelScope) -> None:
-        nonlocal result
-        result = await coro(args)
+        nonlocal result, failure
+        try:
+            result = await coro(args)
+        except nsq_proto.NSQError as exc:
+            failure = exc
         scope.cancel()
 
     async with anyio.create_task_group() as tg:
@@ -131,6 +172,8 @@ async def _with_signals(coro: Any, args: argparse.Namespace) -> int:
                 result = 130
                 tg.cancel_scope.cancel()
                 break
+    if failure is not None:
+        raise failure
     return result
 
 
@@ -161,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     tail.add_argument("--max-in-flight", type=int, default=200)
     _common(tail)
 
+    demo = sub.add_parser("demo", help="publish/tail round trip against the embedded emulator")
+    demo.add_argument("--count", type=int, default=10000)
+    demo.add_argument("--topic", default="demo")
+    demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
@@ -168,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._server import serve_forever
 
             return anyio.run(serve_forever, args, backend=args.backend)
-        runner = _pub if args.command == "pub" else _tail
+        runner = {"pub": _pub, "tail": _tail, "demo": _demo}[args.command]
         return anyio.run(_with_signals, runner, args, backend=args.backend)
     except nsq_proto.NSQError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -516,7 +516,13 @@ class _Client:
     async def _exit(self, exc_info: tuple[Any, Any, Any]) -> bool | None:
         assert self._tg is not None and self._tg_cm is not None
         self._tg.cancel_scope.cancel()
-        return await self._tg_cm.__aexit__(*exc_info)
+        error = exc_info[1]
+        if error is None or isinstance(error, self._backend.cancelled_exc_class()):
+            return await self._tg_cm.__aexit__(*exc_info)
+        # the body failed: close our tasks, then let its exception through as it is (not
+        # wrapped in an exception group by our internal task group)
+        await self._tg_cm.__aexit__(None, None, None)
+        return False
 
 
 class AsyncConsumer(_Client):

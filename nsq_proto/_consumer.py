@@ -591,8 +591,10 @@ class Consumer:
         if remain <= 1 or remain < last / 4 or count < last:
             self._update_rdy(rec, count, now)
 
-    def _rebalance(self, now: float) -> None:
-        """Bring every connection to the current share: shrink first, then grow."""
+    def _rebalance(self, now: float, *, only_idle: bool = False) -> None:
+        """Bring every connection to the current share: shrink first, then grow (with
+        ``only_idle``, grow only connections at RDY 0: a connection still at its first RDY 1
+        waits for its first answered message, as the client guide says)."""
         if self._backoff_level > 0 or self._stopping:
             return
         if (TimerKind.BACKOFF_END, None) in self._timers:
@@ -611,7 +613,7 @@ class Consumer:
                     self._update_rdy(rec, 0, now)
                     self._need_redistribute = True
         for rec in conns:
-            if rec.rdy < share:
+            if rec.rdy < share and (rec.rdy == 0 or not only_idle):
                 self._update_rdy(rec, share, now)
 
     def _redistribute(self, now: float) -> None:
@@ -630,7 +632,7 @@ class Consumer:
             self._need_redistribute = True  # never stay at RDY 0 everywhere in backoff
         if not self._need_redistribute:
             if self._backoff_level == 0:
-                self._rebalance(now)
+                self._rebalance(now, only_idle=True)
             return
         self._need_redistribute = False
         cfg = self.config

@@ -166,6 +166,7 @@ class Producer:
         self._now = 0.0
         self._started = False
         self._closing = False
+        self._last_error: NSQError | None = None
 
     # ------------------------------------------------------------------ outputs and time
 
@@ -212,7 +213,10 @@ class Producer:
                 self._lookup(arg)
         expired = [r for r in self._requests.values() if r.deadline <= now]
         for req in expired:
-            self._fail(req, PublishTimeout(f"publish {req.request_id} not acknowledged in time"))
+            why = f" (last connection error: {self._last_error})" if self._last_error else ""
+            self._fail(
+                req, PublishTimeout(f"publish {req.request_id} not acknowledged in time{why}")
+            )
         self._dispatch()
 
     # ------------------------------------------------------------------ connections
@@ -293,6 +297,8 @@ class Producer:
                 self._reconnect_attempts.pop((rec.address, rec.slot), None)
             elif isinstance(item, ConnectionClosed):
                 out.append(item)
+                if item.error is not None:
+                    self._last_error = item.error
                 self._on_closed(rec)
             else:
                 out.append(item)

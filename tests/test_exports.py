@@ -55,7 +55,7 @@ def test_nsq_proto_imports_no_io_module_and_reads_no_clock(path: Path) -> None:
 
 def test_importing_nsq_proto_loads_no_io_module() -> None:
     code = (
-        "import sys; import nsq_proto; "
+        "import sys; import nsq_proto, nsq_proto.testing; "
         f"bad = {sorted(FORBIDDEN_MODULES - {'time', 'datetime', 'threading'})!r}; "
         "print([m for m in bad if m in sys.modules])"
     )

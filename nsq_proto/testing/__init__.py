@@ -95,6 +95,8 @@ from ._cluster import TopicMeta as TopicMeta
 from ._http import HttpResponse as HttpResponse
 from ._http import HttpServerConnection as HttpServerConnection
 from ._lookupd import Lookupd as Lookupd
+from ._network import MemoryNetwork as MemoryNetwork
+from ._network import NetworkStalled as NetworkStalled
 from ._nsqd import ChannelStats as ChannelStats
 from ._nsqd import ClientStats as ClientStats
 from ._nsqd import MessageInfo as MessageInfo
@@ -122,6 +124,8 @@ __all__ = [
     "HttpResponse",
     "HttpServerConnection",
     "Lookupd",
+    "MemoryNetwork",
+    "NetworkStalled",
     "MessageInfo",
     "Nsqd",
     "NsqdConnection",

@@ -276,3 +276,14 @@ async def test_unreachable_nsqd_fails_publish_with_a_typed_error(lib: ModuleType
         async with lib.Producer(nsqd_tcp_addresses=[address], publish_timeout=0.5) as producer:
             with pytest.raises(lib.NSQError):
                 await producer.publish("t", b"x")
+
+
+async def test_errors_in_the_body_come_out_unwrapped(lib: ModuleType) -> None:
+    async with serve_emulator(lookupd=False) as cluster:
+        with pytest.raises(lib.ServerError) as info:
+            async with lib.Producer(nsqd_tcp_addresses=cluster.nsqd_tcp_addresses) as producer:
+                await producer.publish_many("t", [b"x" * 2_000_000])  # over max_msg_size
+        assert info.value.code == "E_BAD_MESSAGE"
+        with pytest.raises(KeyError):
+            async with lib.Consumer("t", "c", nsqd_tcp_addresses=cluster.nsqd_tcp_addresses):
+                raise KeyError("mine")

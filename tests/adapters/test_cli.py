@@ -1,0 +1,102 @@
+"""The command line, run as a user would: separate processes over loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+PY = [sys.executable, "-m", "nsq_anyio"]
+
+
+def run(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PY, *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_demo_round_trip() -> None:
+    out = run("demo", "--count", "500")
+    assert out.returncode == 0, out.stderr
+    assert "consumed 500 distinct messages" in out.stdout
+    assert "round trip OK" in out.stdout
+
+
+@pytest.fixture
+def server() -> Iterator[dict[str, str]]:
+    proc = subprocess.Popen(
+        [*PY, "serve", "--tcp-port", "0", "--http-port", "0", "--lookupd-http-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        addresses = {}
+        for _ in range(3):
+            line = proc.stdout.readline()
+            name, _, address = line.rpartition(" ")
+            addresses[name.strip()] = address.strip()
+        yield addresses
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def test_pub_then_tail_through_lookupd(server: dict[str, str]) -> None:
+    nsqd = server["nsqd TCP"]
+    out = run("pub", "clicks", "--nsqd-tcp-address", nsqd, stdin="a\nb\n\nc\n")
+    assert out.returncode == 0, out.stderr
+    assert "published 3 messages" in out.stderr
+    out = run("pub", "clicks", "--nsqd-tcp-address", nsqd, "--count", "250", "--size", "10")
+    assert out.returncode == 0, out.stderr
+    lookupd = server["lookupd HTTP"]
+    out = run("tail", "clicks", "--lookupd-http-address", lookupd, "-n", "253")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["a", "b", "c"]
+    assert lines[3:] == ["x" * 10] * 250
+
+
+def test_unreachable_nsqd_is_a_clear_error() -> None:
+    out = run("pub", "t", "--nsqd-tcp-address", "127.0.0.1:1", "--timeout", "1", stdin="x\n")
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: publish 1 not acknowledged in time")
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_address_is_a_usage_error() -> None:
+    out = run("pub", "t", stdin="x\n")
+    assert out.returncode != 0
+    assert "--nsqd-tcp-address" in out.stderr
+
+
+def test_bad_topic_is_a_clear_error(server: dict[str, str]) -> None:
+    out = run("pub", "bad!topic", "--nsqd-tcp-address", server["nsqd TCP"], stdin="x\n")
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: topic name 'bad!topic' is not valid")
+
+
+def test_tail_stops_cleanly_on_interrupt(server: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        [*PY, "tail", "quiet", "--nsqd-tcp-address", server["nsqd TCP"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        proc.wait(timeout=1.5)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    assert "Traceback" not in err
