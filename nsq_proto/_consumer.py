@@ -469,6 +469,10 @@ class Consumer:
                     continue
                 rec.in_flight[message.id] = message
                 out.append(item)
+                # go-nsq refreshes RDY when a message arrives (not only once it is answered),
+                # so a consumer that holds messages to batch them still gets its full share
+                if rec.remaining <= 1 or rec.remaining < rec.rdy / 4:
+                    self._maybe_update_rdy(rec, now)
             elif isinstance(item, Ready):
                 out.append(item)
                 self._on_ready(rec, now)

@@ -1,7 +1,7 @@
 """nsq_proto.testing: a deterministic, sans-IO emulator of nsqd and nsqlookupd.
 
 The emulator plays the server role byte for byte as nsqd/nsqlookupd v1.3.0 do (every
-capture under ``shared/spec/captures`` replays exactly), and the partitioned server of the
+capture of a real nsqd v1.3.0 replays exactly), and the partitioned server of the
 partitioned NSQ extension.  It does no I/O, reads no clock and starts no thread: bytes and
 ``now`` (seconds on the caller's monotonic clock) go in, bytes and deadlines come out.  Wire
 a client core to it in memory, or serve it from an adapter that only moves bytes and time.
@@ -88,6 +88,10 @@ partition)``, ``move_leader(topic, partition, to_node, now)``, ``stop_node(i, no
 lose_messages=False, failover=True)``, ``start_node(i, now)``, ``next_deadline()``,
 ``handle_timer(now)``.  The lookupd answers ``/lookup?topic=&access=r|w&metainfo=true
 &partition=`` and ``/listlookup``.
+
+:class:`MemoryNetwork` wires client cores (``nsq_proto.Consumer``/``Producer``) to emulated
+servers in memory on a virtual clock, with no socket; it raises :class:`NetworkStalled`
+instead of looping forever.
 """
 
 from ._cluster import Cluster as Cluster

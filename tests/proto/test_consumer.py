@@ -84,11 +84,13 @@ def test_handshake_subscribes_with_initial_rdy_1() -> None:
     core.receive_data(connect.conn_id, identify_response(), 0.0)
     assert sends(core.outputs())[connect.conn_id] == b"SUB t c\nRDY 1\n"
     core.receive_data(connect.conn_id, response(b"OK") + message(mid(1), b"a"), 0.0)
-    (ev,) = [o for o in core.outputs() if isinstance(o, MessageReceived)]
-    # after the first message is answered the connection goes to its full share
-    core.finish(ev.conn_id, ev.message.id, 0.1)
-    assert sends(core.outputs())[connect.conn_id] == b"FIN " + mid(1) + b"\nRDY 10\n"
+    out = core.outputs()
+    (ev,) = [o for o in out if isinstance(o, MessageReceived)]
+    # once the first message arrived the connection goes to its full share (go-nsq)
+    assert sends(out)[connect.conn_id] == b"RDY 10\n"
     assert core.total_rdy == 10
+    core.finish(ev.conn_id, ev.message.id, 0.1)
+    assert sends(core.outputs())[connect.conn_id] == b"FIN " + mid(1) + b"\n"
 
 
 def test_rdy_is_spread_and_never_exceeds_max_in_flight() -> None:

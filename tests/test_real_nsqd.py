@@ -1,0 +1,191 @@
+"""The public API against a real nsqd/nsqlookupd.  Runs when ``NSQD`` and ``NSQLOOKUPD`` point
+at the binaries (or they are on PATH); skipped otherwise, with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import anyio
+import pytest
+
+NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
+NSQLOOKUPD = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
+
+pytestmark = [
+    pytest.mark.real_nsqd,
+    pytest.mark.skipif(
+        not (NSQD and NSQLOOKUPD),
+        reason="no real nsqd/nsqlookupd: set NSQD and NSQLOOKUPD to the binaries to run these",
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@dataclass
+class Servers:
+    nsqd_tcp: str
+    nsqd_http: str
+    lookupd_http: str
+
+    def stats(self, topic: str) -> dict[str, Any]:
+        url = f"http://{self.nsqd_http}/stats?format=json&topic={topic}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            data: dict[str, Any] = json.load(response)
+        return data
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    assert NSQD and NSQLOOKUPD
+    ports = [free_port() for _ in range(4)]
+    data = tempfile.mkdtemp(prefix="nsqd-test-")
+    procs = [
+        subprocess.Popen(
+            [
+                NSQLOOKUPD,
+                f"--tcp-address=127.0.0.1:{ports[0]}",
+                f"--http-address=127.0.0.1:{ports[1]}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
+    procs.append(
+        subprocess.Popen(
+            [
+                NSQD,
+                f"--tcp-address=127.0.0.1:{ports[2]}",
+                f"--http-address=127.0.0.1:{ports[3]}",
+                "--broadcast-address=127.0.0.1",
+                f"--lookupd-tcp-address=127.0.0.1:{ports[0]}",
+                f"--data-path={data}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{ports[1]}/ping")
+        wait_http(f"http://127.0.0.1:{ports[3]}/ping")
+        yield Servers(f"127.0.0.1:{ports[2]}", f"127.0.0.1:{ports[3]}", f"127.0.0.1:{ports[1]}")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+WAYS = [("nsq_anyio", "asyncio"), ("nsq_anyio", "trio"), ("nsq_trio", "trio")]
+
+
+@pytest.fixture(params=WAYS, ids=[f"{lib}-{backend}" for lib, backend in WAYS])
+def way(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def anyio_backend(way: tuple[str, str]) -> str:
+    return way[1]
+
+
+@pytest.fixture
+def lib(way: tuple[str, str]) -> ModuleType:
+    import importlib
+
+    return importlib.import_module(way[0])
+
+
+async def consume(consumer: Any, n: int) -> list[Any]:
+    got = []
+    with anyio.fail_after(20):
+        async for message in consumer:
+            got.append(message)
+            await message.finish()
+            if len(got) == n:
+                break
+    return got
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compression", [None, "snappy", "deflate"])
+async def test_round_trip_via_lookupd(
+    servers: Servers, lib: ModuleType, way: tuple[str, str], compression: str | None
+) -> None:
+    topic = f"rt_{way[0]}_{way[1]}_{compression}"
+    options: dict[str, Any] = {compression: True} if compression else {}
+    async with lib.Producer(nsqd_tcp_addresses=[servers.nsqd_tcp], **options) as producer:
+        await producer.publish(topic, b"one")
+        await producer.publish_many(topic, [b"two", b"three"])
+        await producer.publish(topic, b"deferred", delay=0.3)
+    async with lib.Consumer(
+        topic, "c", lookupd_http_addresses=[servers.lookupd_http], max_in_flight=10, **options
+    ) as consumer:
+        got = await consume(consumer, 4)
+    assert sorted(m.body for m in got) == [b"deferred", b"one", b"three", b"two"]
+
+
+@pytest.mark.anyio
+async def test_graceful_stop_loses_nothing(
+    servers: Servers, lib: ModuleType, way: tuple[str, str]
+) -> None:
+    topic = f"stop_{way[0]}_{way[1]}"
+    bodies = [b"%d" % i for i in range(40)]
+    async with lib.Producer(nsqd_tcp_addresses=[servers.nsqd_tcp]) as producer:
+        await producer.publish_many(topic, bodies)
+    finished: list[bytes] = []
+    async with lib.Consumer(
+        topic, "c", nsqd_tcp_addresses=[servers.nsqd_tcp], max_in_flight=10, stop_timeout=1.0
+    ) as consumer:
+        held = []
+        with anyio.fail_after(20):
+            async for message in consumer:
+                if len(held) < 3:
+                    held.append(message)
+                    continue
+                await message.finish()
+                finished.append(message.body)
+                if len(finished) == 10:
+                    break
+    async with lib.Consumer(
+        topic, "c", nsqd_tcp_addresses=[servers.nsqd_tcp], max_in_flight=50
+    ) as consumer:
+        rest = await consume(consumer, len(bodies) - len(finished))
+    assert sorted(finished + [m.body for m in rest]) == sorted(bodies)
+
+
+@pytest.mark.anyio
+async def test_bad_topic_is_a_typed_error(servers: Servers, lib: ModuleType) -> None:
+    async with lib.Producer(nsqd_tcp_addresses=[servers.nsqd_tcp]) as producer:
+        with pytest.raises(lib.ServerError) as info:
+            await producer.publish_many("t", [b"x" * (1024 * 1024 + 1)])
+    assert info.value.code == "E_BAD_MESSAGE"
