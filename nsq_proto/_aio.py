@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from ._config import ConfigError
 from ._consumer import Consumer as ConsumerCore
 from ._consumer import ConsumerConfig
+from ._core import ClientCore
 from ._errors import LocalProtocolError, NSQError
 from ._events import (
     ConnectionClosed,
@@ -36,7 +37,7 @@ from ._events import (
 )
 from ._features import TraceReceipt
 from ._message import Message as CoreMessage
-from ._outputs import Close, Connect, HttpRequest, Output, Send, StartTLS
+from ._outputs import Close, Connect, HttpRequest, Send, StartTLS
 from ._producer import Producer as ProducerCore
 from ._producer import ProducerConfig
 from ._version import __version__
@@ -113,20 +114,6 @@ class Backend(Protocol):
     def hostname(self) -> str: ...
 
 
-class Core(Protocol):
-    def next_output(self) -> Output | None: ...
-    def next_deadline(self) -> float | None: ...
-    def handle_timer(self, now: float) -> None: ...
-    def connection_made(self, conn_id: int, now: float) -> None: ...
-    def tls_established(self, conn_id: int, now: float) -> None: ...
-    def receive_data(self, conn_id: int, data: bytes, now: float) -> None: ...
-    def connection_lost(
-        self, conn_id: int, now: float, error: BaseException | None = None
-    ) -> None: ...
-    def http_data(self, request_id: int, data: bytes, now: float) -> None: ...
-    def http_failed(self, request_id: int, error: BaseException, now: float) -> None: ...
-
-
 # ---------------------------------------------------------------------------------------------
 # the pump
 
@@ -153,7 +140,7 @@ class Driver:
     def __init__(
         self,
         backend: Backend,
-        core: Core,
+        core: ClientCore,
         on_event: Callable[[Event], None],
         *,
         ssl_context: Any = None,

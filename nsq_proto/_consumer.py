@@ -11,7 +11,6 @@ Where go-nsq refines the client guide, this core does what go-nsq does; those pl
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 from collections import deque
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field, fields
 
 from ._config import ConfigError, ConnectionConfig
 from ._connection import Connection
+from ._core import MultiConnectionCore, reconnect_delay
 from ._errors import LocalProtocolError, LookupdError, NSQError
 from ._events import (
     BackoffChanged,
@@ -177,7 +177,7 @@ class ConnectionStats:
     partition: int | None = None
 
 
-class Consumer:
+class Consumer(MultiConnectionCore[_Conn]):
     """Consumer core of one ``topic``/``channel`` subscription."""
 
     def __init__(
@@ -223,39 +223,9 @@ class Consumer:
 
     # ------------------------------------------------------------------ outputs and time
 
-    def _pump_all(self) -> None:
-        # commands issued on a connection (RDY from a rebalance, ...) wait in its queue
-        for rec in list(self._conns.values()):
-            self._pump(rec, self._now)
-
-    def next_output(self) -> Output | None:
-        if not self._outputs:
-            self._pump_all()
-        if self._outputs:
-            return self._outputs.popleft()
-        return None
-
-    def outputs(self) -> list[Output]:
-        self._pump_all()
-        out = list(self._outputs)
-        self._outputs.clear()
-        return out
-
-    def next_deadline(self) -> float | None:
-        deadline = self._timers.next_deadline()
-        for rec in self._conns.values():
-            d = rec.conn.next_deadline()
-            if d is not None and (deadline is None or d < deadline):
-                deadline = d
-        return deadline
-
     def handle_timer(self, now: float) -> None:
         self._now = now
-        for rec in list(self._conns.values()):
-            d = rec.conn.next_deadline()
-            if d is not None and d <= now:
-                rec.conn.handle_timer(now)
-                self._pump(rec, now)
+        self._fire_connection_timers(now)
         for kind, arg in self._timers.pop_due(now):
             if kind is TimerKind.LOOKUPD_POLL:
                 self._poll(now)
@@ -411,42 +381,6 @@ class Consumer:
         self._by_key[key] = conn_id
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
 
-    def connection_made(self, conn_id: ConnId, now: float) -> None:
-        self._now = now
-        rec = self._conns.get(conn_id)
-        if rec is None:
-            return
-        rec.conn.connection_made(now)
-        self._pump(rec, now)
-
-    def tls_established(self, conn_id: ConnId, now: float) -> None:
-        self._now = now
-        rec = self._conns.get(conn_id)
-        if rec is None:
-            return
-        rec.conn.tls_established(now)
-        self._pump(rec, now)
-
-    def connection_lost(
-        self, conn_id: ConnId, now: float, error: BaseException | None = None
-    ) -> None:
-        rec = self._conns.get(conn_id)
-        if rec is None:
-            return
-        rec.conn.connection_lost(now, error)
-        self._pump(rec, now)
-
-    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
-        self._now = now
-        rec = self._conns.get(conn_id)
-        if rec is None:
-            return
-        # a protocol error has already queued Close + ConnectionClosed(error=...) on the
-        # connection: one broken link must not break its neighbours
-        with contextlib.suppress(NSQError):
-            rec.conn.receive_data(data, now)
-        self._pump(rec, now)
-
     def _pump(self, rec: _Conn, now: float) -> None:
         """Move a connection's outputs to ours, reacting to its events on the way."""
         conn = rec.conn
@@ -497,13 +431,13 @@ class Consumer:
             rec.conn.close("consumer stopping")
             return
         rec.conn.subscribe(self.topic, self.channel, rec.partition, ordered=rec.ordered)
-        # the guide: start every new connection at RDY 1 so that none is favoured; go-nsq also
-        # lowers the others' share at once ("pre-emptive signal")
-        if self._max_in_flight > 0 and self._backoff_state() == "NORMAL":
-            self._update_rdy(rec, 1, now)
+        # go-nsq's "pre-emptive signal": lower the others' share first, so that the budget
+        # for the newcomer exists; then the guide's RDY 1, so that no connection is favoured
         for other in list(self._conns.values()):
             if other is not rec:
                 self._maybe_update_rdy(other, now)
+        if self._max_in_flight > 0 and self._backoff_state() == "NORMAL":
+            self._update_rdy(rec, 1, now)
 
     def _on_error(self, rec: _Conn, event: ErrorReceived, now: float) -> None:
         if event.code == "E_SUB_ORDER_IS_MUST":
@@ -532,8 +466,13 @@ class Consumer:
             attempt = self._reconnect_attempts.get(rec.key, 0) + 1
             self._reconnect_attempts[rec.key] = attempt
             cfg = self.config
-            delay = min(cfg.max_reconnect_delay, cfg.reconnect_delay * 2 ** (attempt - 1))
-            delay *= 1 - cfg.reconnect_jitter * self._rng.random()
+            delay = reconnect_delay(
+                attempt,
+                cfg.reconnect_delay,
+                cfg.max_reconnect_delay,
+                cfg.reconnect_jitter,
+                self._rng.random(),
+            )
             self._timers.set((TimerKind.RECONNECT, (rec.address, rec.partition)), now + delay)
         self._rebalance(now)
 

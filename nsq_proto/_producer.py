@@ -21,6 +21,7 @@ from . import _commands as cmd
 from ._config import ConfigError, ConnectionConfig
 from ._connection import Connection
 from ._consumer import parse_address
+from ._core import MultiConnectionCore, reconnect_delay
 from ._errors import ConnectionClosedError, LocalProtocolError, LookupdError, NSQError, ServerError
 from ._events import (
     ConnectionClosed,
@@ -130,7 +131,7 @@ class _TopicRoute:
     next_rr: int = 0
 
 
-class Producer:
+class Producer(MultiConnectionCore[_PConn]):
     """Producer core.  ``publish*`` return a request id; the answer comes as a
     :class:`PublishSucceeded` or :class:`PublishFailed` event carrying it."""
 
@@ -170,23 +171,8 @@ class Producer:
 
     # ------------------------------------------------------------------ outputs and time
 
-    def next_output(self) -> Output | None:
-        if not self._outputs:
-            self._pump_all()
-        return self._outputs.popleft() if self._outputs else None
-
-    def outputs(self) -> list[Output]:
-        self._pump_all()
-        out = list(self._outputs)
-        self._outputs.clear()
-        return out
-
     def next_deadline(self) -> float | None:
-        deadline = self._timers.next_deadline()
-        for rec in self._conns.values():
-            d = rec.conn.next_deadline()
-            if d is not None and (deadline is None or d < deadline):
-                deadline = d
+        deadline = super().next_deadline()
         if self._requests:
             first = min(r.deadline for r in self._requests.values())
             if deadline is None or first < deadline:
@@ -195,11 +181,7 @@ class Producer:
 
     def handle_timer(self, now: float) -> None:
         self._now = now
-        for rec in list(self._conns.values()):
-            d = rec.conn.next_deadline()
-            if d is not None and d <= now:
-                rec.conn.handle_timer(now)
-                self._pump(rec)
+        self._fire_connection_timers(now)
         for kind, arg in self._timers.pop_due(now):
             if kind is TimerKind.RECONNECT:
                 assert isinstance(arg, tuple)
@@ -241,45 +223,10 @@ class Producer:
         self._slots[(address, slot)] = conn_id
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
 
-    def connection_made(self, conn_id: ConnId, now: float) -> None:
-        self._now = now
-        rec = self._conns.get(conn_id)
-        if rec is not None:
-            rec.conn.connection_made(now)
-            self._pump(rec)
-
-    def tls_established(self, conn_id: ConnId, now: float) -> None:
-        self._now = now
-        rec = self._conns.get(conn_id)
-        if rec is not None:
-            rec.conn.tls_established(now)
-            self._pump(rec)
-
-    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
-        self._now = now
-        rec = self._conns.get(conn_id)
-        if rec is None:
-            return
-        with contextlib.suppress(NSQError):  # queued as Close + ConnectionClosed already
-            rec.conn.receive_data(data, now)
-        self._pump(rec)
+    def _after_input(self) -> None:
         self._dispatch()
 
-    def connection_lost(
-        self, conn_id: ConnId, now: float, error: BaseException | None = None
-    ) -> None:
-        self._now = now
-        rec = self._conns.get(conn_id)
-        if rec is not None:
-            rec.conn.connection_lost(now, error)
-            self._pump(rec)
-            self._dispatch()
-
-    def _pump_all(self) -> None:
-        for rec in list(self._conns.values()):
-            self._pump(rec)
-
-    def _pump(self, rec: _PConn) -> None:
+    def _pump(self, rec: _PConn, now: float) -> None:
         conn = rec.conn
         out = self._outputs
         while (item := conn.next_output()) is not None:
@@ -317,8 +264,13 @@ class Producer:
             attempt = self._reconnect_attempts.get(key, 0) + 1
             self._reconnect_attempts[key] = attempt
             cfg = self.config
-            delay = min(cfg.max_reconnect_delay, cfg.reconnect_delay * 2 ** (attempt - 1))
-            delay *= 1 - cfg.reconnect_jitter * self._rng.random()
+            delay = reconnect_delay(
+                attempt,
+                cfg.reconnect_delay,
+                cfg.max_reconnect_delay,
+                cfg.reconnect_jitter,
+                self._rng.random(),
+            )
             self._timers.set((TimerKind.RECONNECT, key), self._now + delay)
 
     def _wanted_address(self, address: tuple[str, int]) -> bool:
@@ -635,7 +587,7 @@ class Producer:
             self._fail(req, ConnectionClosedError("producer closed"))
         for rec in list(self._conns.values()):
             rec.conn.close("producer closed")
-            self._pump(rec)
+            self._pump(rec, self._now)
 
     @property
     def pending(self) -> int:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from .._core import ClientCore
 from .._events import Event
 from .._outputs import Close, Connect, HttpRequest, Output, Send, StartTLS
 from ._cluster import Cluster
@@ -34,23 +34,6 @@ __all__ = ["MemoryNetwork", "ClientCore", "NetworkStalled"]
 
 class NetworkStalled(RuntimeError):
     """The system kept producing work past the step limit (a ping-pong bug)."""
-
-
-class ClientCore(Protocol):
-    """What the network needs of a consumer or producer core."""
-
-    def start(self, now: float) -> None: ...
-    def next_output(self) -> Output | None: ...
-    def next_deadline(self) -> float | None: ...
-    def handle_timer(self, now: float) -> None: ...
-    def connection_made(self, conn_id: int, now: float) -> None: ...
-    def tls_established(self, conn_id: int, now: float) -> None: ...
-    def receive_data(self, conn_id: int, data: bytes, now: float) -> None: ...
-    def connection_lost(
-        self, conn_id: int, now: float, error: BaseException | None = None
-    ) -> None: ...
-    def http_data(self, request_id: int, data: bytes, now: float) -> None: ...
-    def http_failed(self, request_id: int, error: BaseException, now: float) -> None: ...
 
 
 @dataclass(eq=False)
