@@ -257,7 +257,9 @@ class Consumer(MultiConnectionCore[_Conn]):
             raise LocalProtocolError("the consumer is already started")
         self._started = True
         for address in self._nsqd:
-            self._connect(address, None, now)
+            # partitioned server without lookupd: one connection per configured partition
+            for partition in self.config.partitions or (None,):
+                self._connect(address, partition, now)
         if self._lookupd:
             self._poll(now)
         self._timers.set(

@@ -11,7 +11,14 @@ import trio
 import trio.testing
 
 from nsq_proto._aio import AsyncConsumer, AsyncProducer
-from nsq_proto.testing import HttpServerConnection, Lookupd, Nsqd, NsqdConnection, NsqdOptions
+from nsq_proto.testing import (
+    Cluster,
+    HttpServerConnection,
+    Lookupd,
+    Nsqd,
+    NsqdConnection,
+    NsqdOptions,
+)
 from nsq_trio._backend import TrioBackend
 
 
@@ -72,6 +79,13 @@ class MemNet:
         lookupd = Lookupd(broadcast_address="lookupd", http_port=4161)
         self.lookupds[("lookupd", 4161)] = lookupd
         return lookupd
+
+    def add_cluster(self, cluster: Cluster) -> Cluster:
+        for node in cluster.nodes:
+            self.nsqds[(node.options.broadcast_address, node.options.tcp_port)] = node
+        for lookupd in cluster.lookupds:
+            self.lookupds[(lookupd.broadcast_address, lookupd.http_port)] = lookupd
+        return cluster
 
     def changed(self) -> None:
         self._event.set()
@@ -245,5 +259,48 @@ def test_graceful_stop_waits_for_the_application_then_requeues(seconds: float) -
             assert (stats.depth, stats.requeue_count) == (0, 0)  # finished during the stop
         else:
             assert stats.depth == 1 and stats.requeue_count == 1  # requeued at the timeout
+
+    run(lambda: _with_net(body))
+
+
+def test_partitioned_topic_through_the_public_api() -> None:
+    """Sharding keys, traced publishes and ordered consumption on the partitioned server."""
+
+    async def body(net: MemNet, backend: MemBackend) -> None:
+        cluster = net.add_cluster(Cluster(nodes=2, now=trio.current_time()))
+        cluster.create_topic("orders", trio.current_time(), partitions=2, ordered=True)
+        cluster.create_channel("orders", "c", trio.current_time())
+        lookupd = ["127.0.0.1:4161"]
+        sent: list[bytes] = []
+        async with AsyncProducer(backend, lookupd_http_addresses=lookupd) as producer:
+            for n in range(20):
+                key = f"customer-{n % 4}"
+                data = f"{key}:{n}".encode()
+                receipt = await producer.publish("orders", data, sharding_key=key, trace_id=n + 1)
+                assert receipt is not None and receipt.trace_id == n + 1
+                sent.append(data)
+            await producer.publish_many("orders", [b"p1:a", b"p1:b"], partition=1)
+            sent += [b"p1:a", b"p1:b"]
+        got: list[Any] = []
+        async with AsyncConsumer(
+            backend, "orders", "c", lookupd_http_addresses=lookupd, ordered=True, max_in_flight=8
+        ) as consumer:
+            with trio.fail_after(30):
+                async for message in consumer:
+                    got.append(message)
+                    await message.finish()
+                    if len(got) == len(sent):
+                        break
+        assert sorted(m.body for m in got) == sorted(sent)
+        for partition in (0, 1):
+            bodies = [m.body for m in got if m.partition == partition]
+            assert bodies == [b for b in sent if b in bodies]  # publish order per partition
+        traced = {m.body: m.trace_id for m in got}
+        assert traced[b"customer-1:5"] == 6
+        assert traced[b"p1:a"] == 0
+        by_key: dict[bytes, set[int | None]] = {}
+        for m in got:
+            by_key.setdefault(m.body.split(b":")[0], set()).add(m.partition)
+        assert all(len(p) == 1 for p in by_key.values())
 
     run(lambda: _with_net(body))

@@ -179,3 +179,11 @@ def test_identify_round_trip(body: dict[str, object]) -> None:
     name, params, payload, rest = parse(cmd.identify(body))
     assert (name, params, rest) == (b"IDENTIFY", [], b"")
     assert payload is not None and json.loads(payload) == body
+
+
+@settings(max_examples=100)
+@given(secret=st.binary(min_size=1, max_size=100))
+def test_auth_nop_cls_round_trip(secret: bytes) -> None:
+    assert parse(cmd.auth(secret)) == (b"AUTH", [], secret, b"")
+    assert parse(cmd.nop()) == (b"NOP", [], None, b"")
+    assert parse(cmd.cls()) == (b"CLS", [], None, b"")

@@ -372,3 +372,23 @@ def test_partitioned_ordered_topic_subscribes_each_partition_with_sub_ordered() 
     for c in connects:
         core.receive_data(c.conn_id, response(b"OK"), 0.0)
     assert max(rdy_of(core).values()) == 1
+
+
+def test_fixed_nsqd_with_partitions_opens_one_ordered_connection_per_partition() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(ordered=True, partitions=(0, 3), max_in_flight=10),
+        nsqd_tcp_addresses=["n1:4150"],
+    )
+    core.start(0.0)
+    connects = [o for o in core.outputs() if isinstance(o, Connect)]
+    assert [(c.host, c.port) for c in connects] == [("n1", 4150), ("n1", 4150)]
+    data = {}
+    for c in connects:
+        core.connection_made(c.conn_id, 0.0)
+        core.receive_data(c.conn_id, identify_response(version="0.3.7-HA.1.13.0"), 0.0)
+        data.update(sends(core.outputs()))
+    assert data[connects[0].conn_id].endswith(b"SUB_ORDERED t c 0\nRDY 1\n")
+    assert data[connects[1].conn_id].endswith(b"SUB_ORDERED t c 3\nRDY 1\n")
+    assert sorted(s.partition for s in core.connections()) == [0, 3]  # type: ignore[type-var]
