@@ -600,7 +600,8 @@ class Nsqd:
 
     def _on_start(self) -> None:
         for topic in self.topics.values():
-            topic.ids = type(topic.ids)(self.options.node_id)
+            # the GUID factory keeps its state: a real restart takes time, so a new process
+            # never repeats an id; here virtual time may not have moved at all
             if self.options.partitioned and self.cluster is None:
                 # standalone: the id counter lives in memory, so it starts over
                 topic.next_internal_id = 1
