@@ -38,7 +38,7 @@ from ._lookupd import (
     HttpResponseParser,
     LookupResult,
     build_lookup_request,
-    parse_lookup_response,
+    feed_lookup_response,
 )
 from ._message import Message
 from ._names import check_channel, check_topic
@@ -306,14 +306,11 @@ class Consumer(MultiConnectionCore[_Conn]):
             return
         address, parser = entry
         try:
-            response = parser.receive_data(data)
-            if response is None:
-                if not data:
-                    raise LookupdError("lookupd closed the connection before a full response")
-                return
-            result = parse_lookup_response(response.status, response.body)
+            result = feed_lookup_response(parser, data)
         except LookupdError as exc:
             self._http_error(request_id, exc)
+            return
+        if result is None:
             return
         del self._http[request_id]
         self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))

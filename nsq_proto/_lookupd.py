@@ -51,6 +51,7 @@ __all__ = [
     "parse_listlookup_response",
     "union_producers",
     "partition_addresses",
+    "feed_lookup_response",
 ]
 
 #: asks nsqlookupd for the bare v1 body and real HTTP status codes (both servers honour it)
@@ -653,3 +654,14 @@ def partition_addresses(results: Iterable[LookupResult]) -> dict[int, tuple[str,
         for partition, peer in result.partitions.items():
             addresses.setdefault(partition, peer.address)
     return addresses
+
+
+def feed_lookup_response(parser: HttpResponseParser, data: bytes) -> LookupResult | None:
+    """Feed one read of a ``/lookup`` response (``b""`` at EOF): the parsed answer once it is
+    complete, None while more is expected; :class:`LookupdError` for anything unusable."""
+    response = parser.receive_data(data)
+    if response is None:
+        if not data:
+            raise LookupdError("lookupd closed the connection before a full response")
+        return None
+    return parse_lookup_response(response.status, response.body)

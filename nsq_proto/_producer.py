@@ -31,7 +31,7 @@ from ._events import (
     PublishSucceeded,
     Ready,
 )
-from ._lookupd import HttpResponseParser, LookupResult, build_lookup_request, parse_lookup_response
+from ._lookupd import HttpResponseParser, LookupResult, build_lookup_request, feed_lookup_response
 from ._names import check_topic
 from ._outputs import Connect, HttpRequest, Output
 from ._partitioned import partition_for_key
@@ -512,14 +512,11 @@ class Producer(MultiConnectionCore[_PConn]):
             return
         topic, _, parser = entry
         try:
-            response = parser.receive_data(data)
-            if response is None:
-                if not data:
-                    raise LookupdError("lookupd closed the connection before a full response")
-                return
-            result = parse_lookup_response(response.status, response.body)
+            result = feed_lookup_response(parser, data)
         except LookupdError as exc:
             self._lookup_failed(request_id, exc)
+            return
+        if result is None:
             return
         del self._lookups[request_id]
         self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
