@@ -127,6 +127,8 @@ class _Link:
     upgrade: bool = False
     closed: bool = False
     pending: list[bytes] = field(default_factory=list)
+    #: set while a write is under way (one writer at a time; others queue in ``pending``)
+    sending: EventLike | None = None
 
 
 class Driver:
@@ -211,20 +213,39 @@ class Driver:
         link = self._links.get(conn_id)
         if link is None or link.closed:
             return
-        if link.stream is None or link.upgrade:
-            link.pending.append(data)  # written once connected / once TLS is up
+        if link.stream is None or link.upgrade or link.sending is not None:
+            link.pending.append(data)  # written once connected, TLS is up, or by the writer
             return
+        backend = self.backend
+        link.sending = done = backend.event()
         try:
-            await link.stream.send(data)
-        except self.backend.io_errors as exc:
+            while True:
+                # once taken from the core, bytes must reach the socket even if this task is
+                # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
+                with backend.cancel_scope(deadline=backend.current_time() + 10.0, shield=True):
+                    await link.stream.send(data)
+                if not link.pending or link.upgrade:
+                    break
+                data = b"".join(link.pending)
+                link.pending.clear()
+        except backend.io_errors as exc:
+            link.sending = None
+            done.set()
             await self._lost(link, exc)
+            return
+        link.sending = None
+        done.set()
 
     async def _shut(self, link: _Link) -> None:
+        backend = self.backend
+        if link.sending is not None and not link.closed:
+            # let the write under way (and what queued behind it) finish first
+            with backend.cancel_scope(deadline=backend.current_time() + 10.0, shield=True):
+                await link.sending.wait()
         link.closed = True
         if link.read_scope is not None:
             link.read_scope.cancel()
         if link.stream is not None:
-            backend = self.backend
             with backend.cancel_scope(deadline=backend.current_time() + 1.0, shield=True):
                 with suppress(*backend.io_errors):
                     await link.stream.aclose()
@@ -581,7 +602,9 @@ class AsyncConsumer(_Client):
             # messages delivered but never handed to the application go back at once
             for message in self._inbox.drain():
                 message._responded = True
-                self._core.requeue(message.conn_id, message.id, now, delay=0.0, backoff=False)
+                # a message that timed out and came back is in the inbox twice: requeue once
+                with suppress(LocalProtocolError):
+                    self._core.requeue(message.conn_id, message.id, now, delay=0.0, backoff=False)
             if requeue_unanswered:
                 # the pump task is cancelled with us: carry out the requeues and closes here
                 with backend.cancel_scope(deadline=now + 5.0, shield=True):

@@ -304,3 +304,18 @@ def test_partitioned_topic_through_the_public_api() -> None:
         assert all(len(p) == 1 for p in by_key.values())
 
     run(lambda: _with_net(body))
+
+
+def test_stop_with_a_timed_out_message_waiting_twice_in_the_inbox() -> None:
+    async def body(net: MemNet, backend: MemBackend) -> None:
+        nsqd = net.add_nsqd(1)
+        await publish(backend, "nsqd1:4150", "t", b"slow")
+        async with AsyncConsumer(
+            backend, "t", "c", nsqd_tcp_addresses=["nsqd1:4150"], msg_timeout=1.0
+        ):
+            await trio.sleep(2.5)  # never taken: delivered, timed out, delivered again
+        stats = nsqd.channel_stats("t", "c")
+        assert stats.timeout_count >= 1
+        assert (stats.depth, stats.in_flight_count) == (1, 0)
+
+    run(lambda: _with_net(body))

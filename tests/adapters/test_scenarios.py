@@ -287,3 +287,24 @@ async def test_errors_in_the_body_come_out_unwrapped(lib: ModuleType) -> None:
         with pytest.raises(KeyError):
             async with lib.Consumer("t", "c", nsqd_tcp_addresses=cluster.nsqd_tcp_addresses):
                 raise KeyError("mine")
+
+
+async def test_an_answer_given_right_before_cancellation_is_not_lost(lib: ModuleType) -> None:
+    async with serve_emulator(lookupd=False) as cluster:
+        addresses = cluster.nsqd_tcp_addresses
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish_many("t", [b"a", b"b", b"c"])
+        with anyio.CancelScope() as scope:
+            async with lib.Consumer(
+                "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=3, msg_timeout=1.0
+            ) as consumer:
+                async for message in consumer:
+                    await message.finish()  # queued, not yet written ...
+                    scope.cancel()  # ... when everything is cancelled
+                    await anyio.sleep(1)
+        with anyio.fail_after(TIMEOUT):
+            while cluster.nsqds[0].channel_stats("t", "c").in_flight_count:
+                await anyio.sleep(0.01)
+        stats = cluster.nsqds[0].channel_stats("t", "c")
+        # one finished; the others requeued (or, if still on the wire, timed out after 1 s)
+        assert stats.depth == 2

@@ -1,0 +1,54 @@
+"""nsq_spark: NSQ as a PySpark data source (``format("nsq")``), built on ``nsq_anyio``.
+
+.. code-block:: python
+
+    from nsq_spark import NSQDataSource
+
+    spark.dataSource.register(NSQDataSource)
+    events = (
+        spark.readStream.format("nsq")
+        .option("nsqd_tcp_addresses", "127.0.0.1:4150")
+        .option("topic", "events")
+        .option("channel", "spark")
+        .load()
+    )
+    (
+        events.selectExpr("body")
+        .writeStream.format("nsq")
+        .option("nsqd_tcp_addresses", "127.0.0.1:4150")
+        .option("topic", "copied")
+        .option("checkpointLocation", "/tmp/copy")
+        .start()
+    )
+
+Delivery is at-least-once both ways: see ``nsq_spark/README.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._datasource import SCHEMA, NSQDataSource
+from ._options import OptionError
+from ._sink import NSQCommitMessage, NSQStreamWriter, NSQWriter
+from ._source import NSQInputPartition, NSQStreamReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "SCHEMA",
+    "NSQCommitMessage",
+    "NSQDataSource",
+    "NSQInputPartition",
+    "NSQStreamReader",
+    "NSQStreamWriter",
+    "NSQWriter",
+    "OptionError",
+    "register",
+]
+
+
+def register(spark: SparkSession) -> None:
+    """``spark.dataSource.register(NSQDataSource)``: makes ``format("nsq")`` available."""
+    spark.dataSource.register(NSQDataSource)

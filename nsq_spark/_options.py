@@ -1,0 +1,403 @@
+"""The data source's options: Spark hands them over as strings; they are checked here, once, on
+the driver, and turned into keyword arguments of ``nsq_anyio.Consumer`` / ``nsq_anyio.Producer``.
+
+Option names are case-insensitive and underscores are optional: ``max_in_flight``,
+``maxInFlight`` and ``MAXINFLIGHT`` are the same option.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "OptionError",
+    "ConnectionOptions",
+    "SourceOptions",
+    "SinkOptions",
+    "parse_source_options",
+    "parse_sink_options",
+]
+
+
+class OptionError(ValueError):
+    """An option of the ``nsq`` data source is missing or malformed."""
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "").replace("-", "").lower()
+
+
+class _Reader:
+    """Typed access to the string options; remembers which were used."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self._values: dict[str, tuple[str, str]] = {}
+        for name, value in options.items():
+            if value is None:
+                continue
+            self._values[_key(str(name))] = (str(name), str(value))
+        self.used: set[str] = set()
+
+    def raw(self, name: str) -> str | None:
+        key = _key(name)
+        self.used.add(key)
+        found = self._values.get(key)
+        return None if found is None else found[1].strip()
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        value = self.raw(name)
+        return default if value is None or value == "" else value
+
+    def required(self, name: str) -> str:
+        value = self.text(name)
+        if value is None:
+            raise OptionError(f"the nsq data source needs the option {name!r}")
+        return value
+
+    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
+        value = self.text(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise OptionError(f"option {name!r} must be an integer, not {value!r}") from None
+        if number < minimum:
+            raise OptionError(f"option {name!r} must be at least {minimum}, not {number}")
+        return number
+
+    def seconds(self, name: str, default: float | None, *, minimum: float = 0.0) -> float | None:
+        value = self.text(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise OptionError(
+                f"option {name!r} must be a number of seconds, not {value!r}"
+            ) from None
+        if not number >= minimum or number == float("inf"):
+            raise OptionError(f"option {name!r} must be at least {minimum} s, not {value!r}")
+        return number
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.text(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise OptionError(f"option {name!r} must be true or false, not {value!r}")
+
+    def addresses(self, name: str) -> tuple[str, ...]:
+        value = self.text(name)
+        if value is None:
+            return ()
+        out = tuple(a.strip() for a in value.split(",") if a.strip())
+        for address in out:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise OptionError(f"option {name!r}: {address!r} is not host:port")
+        return out
+
+    def unknown(self, known: set[str]) -> list[str]:
+        return sorted(name for key, (name, _) in self._values.items() if key not in known)
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """What every connection needs: where, TLS, compression, auth, identity."""
+
+    nsqd_tcp_addresses: tuple[str, ...] = ()
+    lookupd_http_addresses: tuple[str, ...] = ()
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_hostname: str | None = None
+    tls_verify: bool = True
+    compression: str | None = None
+    deflate_level: int = 6
+    auth_secret: str | None = None
+    client_id: str | None = None
+    heartbeat_interval: float | None = None
+    dial_timeout: float | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca_file)
+        if not self.tls_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if self.tls_cert_file is not None:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments shared by ``nsq_anyio.Consumer`` and ``nsq_anyio.Producer``."""
+        kwargs: dict[str, Any] = {}
+        if self.nsqd_tcp_addresses:
+            kwargs["nsqd_tcp_addresses"] = list(self.nsqd_tcp_addresses)
+        if self.lookupd_http_addresses:
+            kwargs["lookupd_http_addresses"] = list(self.lookupd_http_addresses)
+        context = self.ssl_context()
+        if context is not None:
+            kwargs["tls"] = context
+            if self.tls_hostname is not None:
+                kwargs["tls_hostname"] = self.tls_hostname
+        if self.compression == "snappy":
+            kwargs["snappy"] = True
+        elif self.compression == "deflate":
+            kwargs["deflate"] = True
+            kwargs["deflate_level"] = self.deflate_level
+        if self.auth_secret is not None:
+            kwargs["auth_secret"] = self.auth_secret
+        if self.client_id is not None:
+            kwargs["client_id"] = self.client_id
+        if self.heartbeat_interval is not None:
+            kwargs["heartbeat_interval"] = self.heartbeat_interval
+        if self.dial_timeout is not None:
+            kwargs["dial_timeout"] = self.dial_timeout
+        return kwargs
+
+
+_CONNECTION_KEYS = {
+    _key(n)
+    for n in (
+        "nsqd_tcp_addresses",
+        "lookupd_http_addresses",
+        "tls",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_hostname",
+        "tls_verify",
+        "compression",
+        "deflate_level",
+        "auth_secret",
+        "client_id",
+        "heartbeat_interval",
+        "dial_timeout",
+        # Spark's own: the generic "path" of load()/save(), checkpoints, and friends
+        "path",
+    )
+}
+
+
+def _connection(r: _Reader, *, lookupd_alone_ok: bool) -> ConnectionOptions:
+    nsqd = r.addresses("nsqd_tcp_addresses")
+    lookupd = r.addresses("lookupd_http_addresses")
+    if not nsqd and not (lookupd and lookupd_alone_ok):
+        raise OptionError(
+            "give nsqd_tcp_addresses (comma-separated host:port)"
+            + (" or lookupd_http_addresses" if lookupd_alone_ok else "")
+        )
+    compression = r.text("compression")
+    if compression is not None:
+        compression = compression.lower()
+        if compression == "none":
+            compression = None
+        elif compression not in ("snappy", "deflate"):
+            raise OptionError(
+                f"option 'compression' is snappy, deflate or none, not {compression!r}"
+            )
+    deflate_level = r.integer("deflate_level", 6, minimum=1)
+    if deflate_level > 9:
+        raise OptionError("option 'deflate_level' is 1..9")
+    tls = r.boolean("tls", False)
+    ca_file = r.text("tls_ca_file")
+    cert_file = r.text("tls_cert_file")
+    if ca_file is not None or cert_file is not None:
+        tls = True
+    return ConnectionOptions(
+        nsqd_tcp_addresses=nsqd,
+        lookupd_http_addresses=lookupd,
+        tls=tls,
+        tls_ca_file=ca_file,
+        tls_cert_file=cert_file,
+        tls_key_file=r.text("tls_key_file"),
+        tls_hostname=r.text("tls_hostname"),
+        tls_verify=r.boolean("tls_verify", True),
+        compression=compression,
+        deflate_level=deflate_level,
+        auth_secret=r.text("auth_secret"),
+        client_id=r.text("client_id"),
+        heartbeat_interval=r.seconds("heartbeat_interval", None, minimum=1.0),
+        dial_timeout=r.seconds("dial_timeout", None, minimum=0.001),
+    )
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    topic: str
+    channel: str
+    connection: ConnectionOptions
+    max_in_flight: int = 1000
+    max_messages_per_trigger: int = 500
+    num_partitions: int = 1
+    msg_timeout: float = 60.0
+    max_msg_timeout: float = 900.0
+    max_attempts: int = 0
+    available_now_idle_timeout: float = 2.0
+    ordered: bool = False
+    partitions: tuple[int, ...] | None = None
+    reconnect_delay: float | None = None
+
+    @property
+    def touch_interval(self) -> float:
+        return self.msg_timeout / 3.0
+
+    def consumer_kwargs(self) -> dict[str, Any]:
+        kwargs = self.connection.client_kwargs()
+        kwargs.update(
+            max_in_flight=self.max_in_flight,
+            msg_timeout=self.msg_timeout,
+            max_attempts=self.max_attempts,
+            # the source never requeues on its own: a failed batch is not a message failure
+            backoff=False,
+        )
+        if self.ordered:
+            kwargs["ordered"] = True
+            kwargs["extend_support"] = True
+        if self.partitions is not None:
+            kwargs["partitions"] = self.partitions
+        if self.reconnect_delay is not None:
+            kwargs["reconnect_delay"] = self.reconnect_delay
+        return kwargs
+
+
+_SOURCE_KEYS = _CONNECTION_KEYS | {
+    _key(n)
+    for n in (
+        "topic",
+        "channel",
+        "max_in_flight",
+        "max_messages_per_trigger",
+        "num_partitions",
+        "msg_timeout",
+        "max_msg_timeout",
+        "max_attempts",
+        "available_now_idle_timeout",
+        "ordered",
+        "partitions",
+        "reconnect_delay",
+    )
+}
+
+
+def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
+    r = _Reader(options)
+    topic = r.required("topic")
+    channel = r.required("channel")
+    connection = _connection(r, lookupd_alone_ok=True)
+    max_in_flight = r.integer("max_in_flight", 1000, minimum=1)
+    per_trigger = r.integer("max_messages_per_trigger", max(1, max_in_flight // 2), minimum=1)
+    msg_timeout = r.seconds("msg_timeout", 60.0, minimum=1.0)
+    assert msg_timeout is not None
+    max_msg_timeout = r.seconds("max_msg_timeout", 900.0, minimum=1.0)
+    assert max_msg_timeout is not None
+    idle = r.seconds("available_now_idle_timeout", 2.0, minimum=0.0)
+    assert idle is not None
+    partitions_text = r.text("partitions")
+    partitions: tuple[int, ...] | None = None
+    if partitions_text is not None:
+        try:
+            partitions = tuple(int(p) for p in partitions_text.split(",") if p.strip())
+        except ValueError:
+            raise OptionError(
+                f"option 'partitions' is a comma-separated list of integers, not {partitions_text!r}"
+            ) from None
+        if any(p < 0 for p in partitions):
+            raise OptionError("option 'partitions' takes non-negative partition numbers")
+    parsed = SourceOptions(
+        topic=topic,
+        channel=channel,
+        connection=connection,
+        max_in_flight=max_in_flight,
+        max_messages_per_trigger=per_trigger,
+        num_partitions=r.integer("num_partitions", 1, minimum=1),
+        msg_timeout=msg_timeout,
+        max_msg_timeout=max_msg_timeout,
+        max_attempts=r.integer("max_attempts", 0, minimum=0),
+        available_now_idle_timeout=idle,
+        ordered=r.boolean("ordered", False),
+        partitions=partitions,
+        reconnect_delay=r.seconds("reconnect_delay", None, minimum=0.0),
+    )
+    unknown = r.unknown(_SOURCE_KEYS)
+    if unknown:
+        raise OptionError(f"unknown option(s) of the nsq source: {', '.join(unknown)}")
+    return parsed
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    connection: ConnectionOptions
+    topic: str | None = None
+    batch_size: int = 500
+    batch_bytes: int = 1024 * 1024
+    max_outstanding: int = 8
+    pool_size: int = 1
+    publish_timeout: float = 30.0
+    max_attempts: int = 3
+
+    def producer_key(self) -> tuple[Any, ...]:
+        """What tells producers apart: sinks that differ only in topic or batching share one."""
+        return (
+            self.connection,
+            self.max_outstanding,
+            self.pool_size,
+            self.publish_timeout,
+            self.max_attempts,
+        )
+
+    def producer_kwargs(self) -> dict[str, Any]:
+        kwargs = self.connection.client_kwargs()
+        kwargs.update(
+            max_outstanding=self.max_outstanding,
+            pool_size=self.pool_size,
+            publish_timeout=self.publish_timeout,
+            max_attempts=self.max_attempts,
+        )
+        return kwargs
+
+
+_SINK_KEYS = _CONNECTION_KEYS | {
+    _key(n)
+    for n in (
+        "topic",
+        "batch_size",
+        "batch_bytes",
+        "max_outstanding",
+        "pool_size",
+        "publish_timeout",
+        "max_attempts",
+        "checkpoint_location",
+    )
+}
+
+
+def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
+    r = _Reader(options)
+    publish_timeout = r.seconds("publish_timeout", 30.0, minimum=0.001)
+    assert publish_timeout is not None
+    parsed = SinkOptions(
+        connection=_connection(r, lookupd_alone_ok=True),
+        topic=r.text("topic"),
+        batch_size=r.integer("batch_size", 500, minimum=1),
+        batch_bytes=r.integer("batch_bytes", 1024 * 1024, minimum=1),
+        max_outstanding=r.integer("max_outstanding", 8, minimum=1),
+        pool_size=r.integer("pool_size", 1, minimum=1),
+        publish_timeout=publish_timeout,
+        max_attempts=r.integer("max_attempts", 3, minimum=1),
+    )
+    unknown = r.unknown(_SINK_KEYS)
+    if unknown:
+        raise OptionError(f"unknown option(s) of the nsq sink: {', '.join(unknown)}")
+    return parsed

@@ -1,0 +1,434 @@
+"""``format("nsq")`` in a real local Spark (local[2]) against the emulator on loopback.
+
+Every test uses its own topic, so they share the session's emulator and Spark."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+from nsq_spark._source import _message_id
+
+from .helpers import Emulator, wait_for
+
+pytestmark = pytest.mark.spark
+
+
+def source(spark: Any, emulator: Emulator, topic: str, **options: object) -> Any:
+    reader = (
+        spark.readStream.format("nsq")
+        .option("nsqd_tcp_addresses", emulator.address)
+        .option("topic", topic)
+        .option("channel", "spark")
+    )
+    for name, value in options.items():
+        reader = reader.option(name, str(value))
+    return reader.load()
+
+
+def parquet_rows(spark: Any, path: Path) -> list[Any]:
+    if not (path / "_spark_metadata").exists():
+        return []
+    try:
+        return list(spark.read.parquet(str(path)).collect())
+    except Exception as exc:  # nothing committed yet
+        if "UNABLE_TO_INFER_SCHEMA" in str(exc) or "PATH_NOT_FOUND" in str(exc):
+            return []
+        raise
+
+
+def settled(emulator: Emulator, topic: str, channel: str = "spark") -> Any:
+    """The channel once nothing is queued or in flight (every message FINished)."""
+
+    def check() -> Any:
+        try:
+            stats = emulator.channel_stats(topic, channel)
+        except KeyError:  # not subscribed yet
+            return None
+        return stats if stats.depth == 0 and stats.in_flight_count == 0 else None
+
+    return wait_for(check, timeout=30)
+
+
+def bodies(n: int, prefix: str = "m") -> list[bytes]:
+    return [f"{prefix}{i:05d}".encode() for i in range(n)]
+
+
+def test_stream_into_parquet_delivers_every_message(
+    spark: Any, emulator: Emulator, tmp_path: Path
+) -> None:
+    topic, n = "into-parquet", 300
+    sent = bodies(n)
+    emulator.publish(topic, sent)
+    df = source(spark, emulator, topic, max_in_flight=80, maxMessagesPerTrigger=40, numPartitions=2)
+    out = tmp_path / "out"
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        rows = wait_for(lambda: (r := parquet_rows(spark, out)) and len(r) >= n and r)
+        settled(emulator, topic)
+        # batches respect maxMessagesPerTrigger
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+        assert progress and max(p["numInputRows"] for p in progress) <= 40
+    finally:
+        query.stop()
+    assert sorted(r.body for r in rows) == sent  # each exactly once
+    assert {r.attempts for r in rows} == {1}
+    assert len({r.id for r in rows}) == n
+    assert {(r.topic, r.nsqd, r.partition, r.trace_id) for r in rows} == {
+        (topic, emulator.address, None, None)
+    }
+    assert all(r.timestamp is not None for r in rows)
+    stats = emulator.channel_stats(topic, "spark")
+    assert (stats.message_count, stats.requeue_count, stats.timeout_count) == (n, 0, 0)
+
+
+def test_stop_and_restart_from_the_checkpoint_loses_nothing(
+    spark: Any, emulator: Emulator, tmp_path: Path
+) -> None:
+    topic, n = "restart", 300
+    sent = bodies(n)
+    emulator.publish(topic, sent)
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+
+    def start() -> Any:
+        # msg_timeout 30 s: if the stopped reader did not requeue, nothing would come back
+        # for 30 s
+        df = source(
+            spark, emulator, topic, max_in_flight=60, maxMessagesPerTrigger=20, msg_timeout=30
+        )
+        return (
+            df.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="100 milliseconds")
+            .start()
+        )
+
+    query = start()
+    try:
+        wait_for(lambda: len(parquet_rows(spark, out)) >= 60)
+    finally:
+        query.stop()
+    first_run = len(parquet_rows(spark, out))
+    assert first_run < n, "the query should have been stopped in the middle"
+    # the stopped reader requeued what it held (else nsqd would wait for msg_timeout)
+    stopped = wait_for(
+        lambda: (s := emulator.channel_stats(topic, "spark")).in_flight_count == 0 and s, 10
+    )
+    assert stopped.requeue_count > 0 and stopped.timeout_count == 0
+    assert stopped.depth > 0
+
+    query = start()
+    try:
+        rows = wait_for(
+            lambda: (r := parquet_rows(spark, out)) and {x.body for x in r} == set(sent) and r
+        )
+        settled(emulator, topic)
+    finally:
+        query.stop()
+    counts = collections.Counter(r.body for r in rows)
+    duplicates = len(rows) - n
+    print(f"restart: {first_run} rows before the stop, {duplicates} duplicates")
+    assert set(counts) == set(sent)
+    # a duplicate is a redelivery: same id, more attempts
+    for body, count in counts.items():
+        if count > 1:
+            copies = [r for r in rows if r.body == body]
+            assert len({r.id for r in copies}) == 1
+            assert max(r.attempts for r in copies) >= 2
+    assert duplicates <= 60  # at most what was held when the query stopped
+
+
+def test_messages_are_finished_only_after_their_batch_committed(
+    spark: Any, emulator: Emulator, tmp_path: Path
+) -> None:
+    topic, n = "fin-after-commit", 120
+    emulator.publish(topic, bodies(n))
+    seen: list[tuple[int, list[str], dict[str, str], bool]] = []
+    previous: list[str] = []
+    lock = threading.Lock()
+
+    def on_batch(batch: Any, batch_id: int) -> None:
+        ids = [r.id for r in batch.select("id").collect()]
+        if not ids:
+            return
+        states = {_message_id(m.id): m.state for m in emulator.channel_messages(topic, "spark")}
+        # the batch before this one was committed: FINished by the time this one was planned
+        deadline = time.monotonic() + 5
+        while True:
+            held = {_message_id(m.id) for m in emulator.channel_messages(topic, "spark")}
+            gone = not held.intersection(previous)
+            if gone or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        with lock:
+            seen.append((batch_id, ids, states, gone))
+        previous[:] = ids
+
+    df = source(spark, emulator, topic, max_in_flight=40, maxMessagesPerTrigger=20)
+    query = (
+        df.writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: sum(len(s[1]) for s in seen) >= n)
+        settled(emulator, topic)  # and the last batch is FINished once committed
+    finally:
+        query.stop()
+    assert len(seen) >= n // 20
+    for _batch_id, ids, states, gone in seen:
+        # while the sink runs a batch, every message of it is still in flight at nsqd
+        assert all(states.get(i) == "in_flight" for i in ids), states
+        assert gone
+    assert sorted(i for s in seen for i in s[1]) == sorted({i for s in seen for i in s[1]})
+
+
+def test_held_messages_are_touched_while_a_batch_runs(
+    spark: Any, emulator: Emulator, tmp_path: Path
+) -> None:
+    topic, n = "touch", 30
+    sent = bodies(n)
+    emulator.publish(topic, sent)
+    got: list[bytes] = []
+
+    def slow(batch: Any, batch_id: int) -> None:
+        rows = batch.collect()
+        if rows and not got:
+            time.sleep(3.5)  # over three times msg_timeout
+        got.extend(r.body for r in rows)
+
+    df = source(spark, emulator, topic, max_in_flight=n, msg_timeout=1)
+    query = (
+        df.writeStream.foreachBatch(slow)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: len(got) >= n)
+        stats = settled(emulator, topic)
+    finally:
+        query.stop()
+    assert sorted(got) == sent
+    assert stats.timeout_count == 0 and stats.requeue_count == 0
+
+
+def test_available_now_ends_and_loses_nothing(
+    spark: Any, emulator: Emulator, tmp_path: Path
+) -> None:
+    topic, n = "available-now", 150
+    first = bodies(n, "a")
+    emulator.publish(topic, first)
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+
+    def run() -> Any:
+        df = source(
+            spark,
+            emulator,
+            topic,
+            max_in_flight=100,
+            maxMessagesPerTrigger=40,
+            available_now_idle_timeout=0.5,
+        )
+        query = (
+            df.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120), "availableNow did not end"
+        assert query.exception() is None
+        return query
+
+    query = run()
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert len(batches) >= 4 and max(batches) <= 40
+    assert sorted(r.body for r in parquet_rows(spark, out)) == first
+    # the last batch is FINished too, although Spark never commits it to the source
+    settled(emulator, topic)
+
+    later = bodies(50, "b")
+    emulator.publish(topic, later)
+    run()
+    assert sorted(r.body for r in parquet_rows(spark, out)) == sorted(first + later)
+    stats = settled(emulator, topic)
+    assert stats.message_count == n + 50 and stats.requeue_count == 0
+
+
+def test_batch_write_publishes_exactly_the_rows(spark: Any, emulator: Emulator) -> None:
+    n = 500
+    df = (
+        spark.range(n)
+        .selectExpr(
+            "cast(id as string) as body",
+            "case when id % 5 = 0 then 'batch-write-b' end as topic",
+            "case when id < 3 then 0.2 end as delay",
+        )
+        .repartition(3)
+    )
+    (
+        df.write.format("nsq")
+        .mode("append")
+        .option("nsqd_tcp_addresses", emulator.address)
+        .option("topic", "batch-write-a")
+        .option("batch_size", "64")
+        .save()
+    )
+    to_b = [i for i in range(n) if i % 5 == 0]
+    assert emulator.topic_stats("batch-write-a").message_count == n - len(to_b)
+    assert emulator.topic_stats("batch-write-b").message_count == len(to_b)
+    got_a = emulator.consume("batch-write-a", "check", n - len(to_b))
+    got_b = emulator.consume("batch-write-b", "check", len(to_b))
+    assert sorted(int(m.body) for m in got_a) == [i for i in range(n) if i % 5]
+    assert sorted(int(m.body) for m in got_b) == to_b
+    assert emulator.channel_stats("batch-write-a", "check").depth == 0
+
+
+def test_batch_write_of_binary_bodies(spark: Any, emulator: Emulator) -> None:
+    rows = [(bytes([i % 256]) * (i + 1),) for i in range(40)]
+    df = spark.createDataFrame(rows, "body binary")
+    (
+        df.write.format("nsq")
+        .mode("append")
+        .option("nsqd_tcp_addresses", emulator.address)
+        .option("topic", "binary-write")
+        .save()
+    )
+    assert emulator.topic_stats("binary-write").message_count == 40
+    got = emulator.consume("binary-write", "check", 40)
+    assert sorted(m.body for m in got) == sorted(r[0] for r in rows)
+
+
+def test_write_refuses_what_it_cannot_publish(spark: Any, emulator: Emulator) -> None:
+    base = spark.range(3).selectExpr("cast(id as string) as body")
+    writer = base.write.format("nsq").option("nsqd_tcp_addresses", emulator.address)
+    with pytest.raises(Exception, match="topic"):
+        writer.mode("append").save()  # no topic option, no topic column
+    with pytest.raises(Exception, match="overwritten"):
+        writer.option("topic", "t").mode("overwrite").save()
+    with pytest.raises(Exception, match="body"):
+        spark.range(3).write.format("nsq").option("nsqd_tcp_addresses", emulator.address).option(
+            "topic", "t"
+        ).mode("append").save()
+
+
+def test_stream_from_topic_to_topic(spark: Any, emulator: Emulator, tmp_path: Path) -> None:
+    n = 200
+    sent = bodies(n)
+    emulator.publish("pipe-in", sent)
+    df = source(spark, emulator, "pipe-in", max_in_flight=100)
+    query = (
+        df.selectExpr("upper(cast(body as string)) as body")
+        .writeStream.format("nsq")
+        .option("nsqd_tcp_addresses", emulator.address)
+        .option("topic", "pipe-out")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: _count(emulator, "pipe-out") >= n)
+        settled(emulator, "pipe-in")
+        time.sleep(0.5)
+    finally:
+        query.stop()
+    assert emulator.topic_stats("pipe-out").message_count == n
+    got = emulator.consume("pipe-out", "check", n)
+    assert sorted(m.body for m in got) == [b.upper() for b in sent]
+
+
+def test_read_aggregate_write(spark: Any, emulator: Emulator, tmp_path: Path) -> None:
+    """The README's pipeline: count events per user and window, publish each closed window."""
+    events = [f'{{"user": "u{i % 3}"}}'.encode() for i in range(30)]
+    emulator.publish("agg-in", events)
+    df = source(spark, emulator, "agg-in", max_in_flight=100)
+    counts = (
+        df.withWatermark("timestamp", "1 second")
+        .groupBy(
+            F.window("timestamp", "2 seconds"),
+            F.get_json_object(F.col("body").cast("string"), "$.user").alias("user"),
+        )
+        .count()
+        .select(F.to_json(F.struct("window.start", "user", "count")).alias("body"))
+    )
+    query = (
+        counts.writeStream.format("nsq")
+        .option("nsqd_tcp_addresses", emulator.address)
+        .option("topic", "agg-out")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        settled(emulator, "agg-in")
+        time.sleep(3.5)  # a later event moves the watermark past the events' windows
+        emulator.publish("agg-in", [b'{"user": "tick"}'])
+        rows = wait_for(lambda: _results(emulator, "agg-out"), timeout=60)
+    finally:
+        query.stop()
+    totals: collections.Counter[str] = collections.Counter()
+    for row in rows:
+        totals[row["user"]] += row["count"]
+    assert totals == {"u0": 10, "u1": 10, "u2": 10}
+    assert len({(r["start"], r["user"]) for r in rows}) == len(rows)  # each window once
+
+
+_consumed: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+
+
+def _results(emulator: Emulator, topic: str) -> list[dict[str, Any]] | None:
+    """What ``topic`` received so far, once 30 events are counted."""
+    got = _consumed[topic]
+    new = _count(emulator, topic) - len(got)
+    if new > 0:
+        got.extend(json.loads(m.body) for m in emulator.consume(topic, "check", new))
+    return got if sum(r["count"] for r in got if r["user"] != "tick") >= 30 else None
+
+
+def _count(emulator: Emulator, topic: str) -> int:
+    try:
+        return emulator.topic_stats(topic).message_count
+    except KeyError:
+        return 0
+
+
+def test_a_narrower_schema_selects_columns(spark: Any, emulator: Emulator, tmp_path: Path) -> None:
+    topic = "narrow"
+    emulator.publish(topic, [b"one", b"two"])
+    got: list[Any] = []
+    df = (
+        spark.readStream.format("nsq")
+        .schema("body string, attempts int")
+        .option("nsqd_tcp_addresses", emulator.address)
+        .option("topic", topic)
+        .option("channel", "spark")
+        .load()
+    )
+    query = (
+        df.writeStream.foreachBatch(lambda batch, _: got.extend(batch.collect()))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: len(got) >= 2)
+    finally:
+        query.stop()
+    assert sorted((r.body, r.attempts) for r in got) == [("one", 1), ("two", 1)]
+    assert got[0].__fields__ == ["body", "attempts"]

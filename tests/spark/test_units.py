@@ -1,0 +1,398 @@
+"""The data source's parts without a JVM: options, the driver-side reader against the emulator
+(what Spark would call, called directly), and how the sink batches rows."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+)
+from pyspark.sql.types import StringType, StructField, StructType
+
+from nsq_spark import SCHEMA, NSQDataSource, NSQInputPartition, NSQStreamReader, OptionError
+from nsq_spark._options import parse_sink_options, parse_source_options
+from nsq_spark._sink import _requests
+from nsq_spark._source import _message_id
+
+from .helpers import Emulator, wait_for
+
+# -- options ---------------------------------------------------------------------------------
+
+
+def test_source_options_defaults_and_spellings() -> None:
+    o = parse_source_options(
+        {"topic": "t", "channel": "c", "nsqdTcpAddresses": "a:1, b:2", "MAX_IN_FLIGHT": "300"}
+    )
+    assert o.connection.nsqd_tcp_addresses == ("a:1", "b:2")
+    assert (o.max_in_flight, o.max_messages_per_trigger, o.num_partitions) == (300, 150, 1)
+    assert (o.msg_timeout, o.max_attempts) == (60.0, 0)
+    kwargs = o.consumer_kwargs()
+    assert kwargs["max_in_flight"] == 300 and kwargs["backoff"] is False
+    assert kwargs["max_attempts"] == 0  # never give a message up: Spark decides
+    o = parse_source_options(
+        {
+            "topic": "t",
+            "channel": "c",
+            "lookupd_http_addresses": "l:4161",
+            "maxMessagesPerTrigger": "7",
+            "compression": "snappy",
+            "auth_secret": "s",
+            "ordered": "true",
+            "partitions": "0,2",
+        }
+    )
+    kwargs = o.consumer_kwargs()
+    assert o.max_messages_per_trigger == 7
+    assert kwargs["lookupd_http_addresses"] == ["l:4161"] and kwargs["snappy"] is True
+    assert kwargs["ordered"] is True and kwargs["partitions"] == (0, 2)
+    assert kwargs["auth_secret"] == "s"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"channel": "c", "nsqd_tcp_addresses": "a:1"}, "topic"),
+        ({"topic": "t", "nsqd_tcp_addresses": "a:1"}, "channel"),
+        ({"topic": "t", "channel": "c"}, "nsqd_tcp_addresses"),
+        ({"topic": "t", "channel": "c", "nsqd_tcp_addresses": "nohost"}, "host:port"),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "max_in_flight": "0"},
+            "at least",
+        ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "compression": "lz4"},
+            "snappy",
+        ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "tls": "maybe"},
+            "true or false",
+        ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "maxInFlght": "3"},
+            "maxInFlght",
+        ),
+    ],
+)
+def test_source_option_errors(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        parse_source_options(options)
+
+
+def test_sink_options() -> None:
+    o = parse_sink_options({"nsqd_tcp_addresses": "a:1", "batchSize": "10", "deflate_level": "3"})
+    assert (o.topic, o.batch_size, o.max_outstanding) == (None, 10, 8)
+    assert o.producer_kwargs()["nsqd_tcp_addresses"] == ["a:1"]
+    with pytest.raises(OptionError, match="publish_timeout"):
+        parse_sink_options({"nsqd_tcp_addresses": "a:1", "publish_timeout": "soon"})
+    # sinks that differ in topic or batching share the worker's producer
+    assert (
+        o.producer_key()
+        == parse_sink_options(
+            {"nsqd_tcp_addresses": "a:1", "topic": "other", "batch_size": "3", "deflate_level": "3"}
+        ).producer_key()
+    )
+
+
+def test_tls_options_build_a_verifying_context(tmp_path: Any) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    o = parse_source_options(
+        {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "tls_ca_file": str(ca_file)}
+    )
+    context = o.connection.ssl_context()
+    assert o.connection.tls and context is not None and context.check_hostname
+    assert (
+        parse_source_options(
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1"}
+        ).connection.ssl_context()
+        is None
+    )
+
+
+# -- the reader, called the way Spark calls it -----------------------------------------------
+
+
+def make_reader(emulator: Emulator, topic: str, **options: object) -> NSQStreamReader:
+    values = {"topic": topic, "channel": "c", "nsqd_tcp_addresses": emulator.address}
+    values.update({k: str(v) for k, v in options.items()})
+    return NSQStreamReader(parse_source_options(values), SCHEMA, handle_sigterm=False)
+
+
+@pytest.fixture
+def readers() -> Iterator[list[NSQStreamReader]]:
+    made: list[NSQStreamReader] = []
+    yield made
+    for reader in made:
+        reader.stop()
+
+
+def held_count(reader: NSQStreamReader) -> int:
+    runtime = reader._runtime
+    assert runtime is not None
+    return runtime.loop.call(runtime.feed.stats)["held"]
+
+
+def test_the_data_source_and_reader_pickle_and_connect_lazily(emulator: Emulator) -> None:
+    source = NSQDataSource(
+        {"topic": "lazy", "channel": "c", "nsqd_tcp_addresses": emulator.address}
+    )
+    reader = source.streamReader(SCHEMA)
+    assert isinstance(reader, NSQStreamReader)
+    copy = pickle.loads(pickle.dumps(reader))
+    pickle.loads(pickle.dumps(source))
+    # no loop, no connection yet: the topic does not even exist at nsqd
+    assert reader._runtime is None and copy._runtime is None
+    assert "lazy" not in emulator.on_loop(emulator.nsqd.topic_names)
+    assert copy.options == reader.options
+    reader.handle_sigterm = False  # this is pytest's process, not Spark's source runner
+    try:
+        reader.initialOffset()  # the first call connects
+        wait_for(lambda: "lazy" in emulator.on_loop(emulator.nsqd.topic_names), 10, 0.05)
+        # a started reader still pickles (without its connection)
+        assert pickle.loads(pickle.dumps(reader))._runtime is None
+    finally:
+        reader.stop()
+
+
+def test_reader_numbers_messages_and_finishes_after_commit(
+    emulator: Emulator, readers: list[NSQStreamReader]
+) -> None:
+    topic = "units-fin"
+    emulator.publish(topic, [b"%02d" % i for i in range(30)])
+    reader = make_reader(emulator, topic, max_in_flight=30, numPartitions=2)
+    readers.append(reader)
+    start = reader.initialOffset()
+    assert start == {"seq": 0} == reader.initialOffset()
+    assert reader.getDefaultReadLimit() == ReadMaxRows(15)
+    wait_for(lambda: held_count(reader) == 30, 10, 0.05)
+
+    end = reader.latestOffset(start, ReadMaxRows(10))
+    assert end == {"seq": 10}
+    assert reader.reportLatestOffset() == {"seq": 30}
+    parts = reader.partitions(start, end)
+    assert [len(p) for p in parts] == [5, 5]  # type: ignore[arg-type]
+    batches = [b for p in parts for b in reader.read(p)]
+    assert all(b.schema.equals(to_arrow_schema(SCHEMA, timezone="UTC")) for b in batches)
+    table = pa.Table.from_batches(batches)
+    assert table.column("body").to_pylist() == [b"%02d" % i for i in range(10)]
+    assert set(table.column("attempts").to_pylist()) == {1}
+    assert set(table.column("topic").to_pylist()) == {topic}
+    # nothing is FINished while the batch runs
+    assert emulator.channel_stats(topic, "c").in_flight_count == 30
+
+    # Spark asks past 10 only once batch [0, 10) is committed: those ten are FINished now
+    end2 = reader.latestOffset(end, ReadAllAvailable())
+    assert end2 == {"seq": 30}
+    wait_for(lambda: emulator.channel_stats(topic, "c").in_flight_count == 20, 10, 0.05)
+    reader.partitions(end, end2)
+    reader.commit(end2)
+    reader.commit(end2)  # idempotent
+    stats = wait_for(
+        lambda: (s := emulator.channel_stats(topic, "c")).in_flight_count == 0 and s, 10, 0.05
+    )
+    assert (stats.depth, stats.requeue_count) == (0, 0)
+    assert reader.latestOffset(end2, ReadMaxRows(10)) == end2  # nothing new
+
+
+def test_read_limits(emulator: Emulator, readers: list[NSQStreamReader]) -> None:
+    topic = "units-limits"
+    emulator.publish(topic, [b"x" * 100] * 20)
+    reader = make_reader(emulator, topic, max_in_flight=20)
+    readers.append(reader)
+    start = reader.initialOffset()
+    wait_for(lambda: held_count(reader) == 20, 10, 0.05)
+    assert reader.latestOffset(start, ReadMinRows(21)) == start  # not enough yet
+    end = reader.latestOffset(start, ReadMaxBytes(350))
+    assert end == {"seq": 3}
+    # asked again from the same start: the numbered three count against the limit
+    assert reader.latestOffset(start, ReadMaxRows(5)) == {"seq": 5}
+    assert reader.latestOffset(start, ReadMaxBytes(1)) == {"seq": 5}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"seq": 20}
+
+
+def test_committed_but_unread_messages_are_requeued_not_finished(
+    emulator: Emulator, readers: list[NSQStreamReader]
+) -> None:
+    topic = "units-unread"
+    emulator.publish(topic, [b"a", b"b", b"c"])
+    reader = make_reader(emulator, topic, max_in_flight=3)
+    readers.append(reader)
+    start = reader.initialOffset()
+    wait_for(lambda: held_count(reader) == 3, 10, 0.05)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    reader.commit(end)  # partitions() never asked for them
+    stats = wait_for(
+        lambda: (s := emulator.channel_stats(topic, "c")).requeue_count == 3 and s, 10, 0.05
+    )
+    assert stats.message_count == 3
+
+
+def test_a_new_reader_continues_the_numbering_and_stop_requeues(
+    emulator: Emulator, readers: list[NSQStreamReader]
+) -> None:
+    topic = "units-restart"
+    emulator.publish(topic, [b"%d" % i for i in range(10)])
+    first = make_reader(emulator, topic, max_in_flight=10)
+    start = first.initialOffset()
+    wait_for(lambda: held_count(first) == 10, 10, 0.05)
+    end = first.latestOffset(start, ReadMaxRows(4))
+    first.partitions(start, end)
+    first.stop()  # the query stops with batch [0, 4) uncommitted: everything goes back
+    stats = wait_for(lambda: (s := emulator.channel_stats(topic, "c")).depth == 10 and s, 10, 0.05)
+    assert stats.in_flight_count == 0 and stats.requeue_count == 10
+
+    # restarted from the checkpoint: Spark runs batch [0, 4) again, then asks past it
+    second = make_reader(emulator, topic, max_in_flight=10)
+    readers.append(second)
+    assert second.partitions(start, end) == []  # NSQ cannot replay: they come again below
+    wait_for(lambda: held_count(second) == 10, 10, 0.05)
+    end2 = second.latestOffset(end, ReadAllAvailable())
+    assert end2 == {"seq": 14}
+    parts = second.partitions(end, end2)
+    rows = pa.Table.from_batches([b for p in parts for b in second.read(p)])
+    assert sorted(rows.column("body").to_pylist()) == sorted(b"%d" % i for i in range(10))
+    assert set(rows.column("attempts").to_pylist()) == {2}  # redelivered: duplicates are visible
+
+
+def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
+    schema = StructType([StructField("id", StringType()), StructField("body", StringType())])
+    options = parse_source_options(
+        {"topic": "t", "channel": "c", "nsqd_tcp_addresses": emulator.address}
+    )
+    reader = NSQStreamReader(options, schema, handle_sigterm=False)
+    part = NSQInputPartition(0, {"id": ["a"], "body": [b"text"]})
+    (batch,) = list(reader.read(part))
+    assert batch.to_pylist() == [{"id": "a", "body": "text"}]
+    with pytest.raises(ValueError, match="no column"):
+        NSQStreamReader(options, StructType([StructField("nope", StringType())]))
+
+
+def test_message_ids() -> None:
+    assert _message_id(b"0a1b2c3d4e5f6071") == "0a1b2c3d4e5f6071"
+    assert _message_id(b"\x00\x01" + b"\xff" * 14) == "0001" + "ff" * 14
+
+
+# -- the sink's batching ---------------------------------------------------------------------
+
+
+def test_rows_become_mpub_batches_by_topic_count_and_size() -> None:
+    options = parse_sink_options(
+        {"nsqd_tcp_addresses": "a:1", "topic": "default", "batch_size": "3", "batch_bytes": "10"}
+    )
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "body": ["a", "b", "c", "d", "eeeeeeeeee", "f", "g", "late"],
+            "topic": [None, None, None, None, None, "other", "other", None],
+            "delay": [None, None, None, None, None, None, 0.0, 1.5],
+            "partition": [None] * 8,
+            "sharding_key": [None, None, None, None, None, None, "k", None],
+        }
+    )
+    requests = list(_requests(batch, options))
+    summary = sorted((r.topic, r.bodies, r.delay, r.sharding_key) for r in requests)
+    assert summary == [
+        ("default", [b"a", b"b", b"c"], None, None),  # batch_size
+        ("default", [b"d"], None, None),  # batch_bytes: d + eeeeeeeeee > 10
+        ("default", [b"eeeeeeeeee"], None, None),
+        ("default", [b"late"], 1.5, None),  # DPUB
+        ("other", [b"f"], None, None),
+        ("other", [b"g"], None, b"k"),
+    ]
+
+
+def test_a_null_body_fails_the_task() -> None:
+    options = parse_sink_options({"nsqd_tcp_addresses": "a:1", "topic": "t"})
+    batch = pa.RecordBatch.from_pydict({"body": pa.array([b"x", None], pa.binary())})
+    with pytest.raises(ValueError, match="null"):
+        list(_requests(batch, options))
+
+
+def test_publish_batches_against_the_emulator(emulator: Emulator) -> None:
+    from nsq_spark._sink import _POOL, publish_batches
+
+    options = parse_sink_options({"nsqd_tcp_addresses": emulator.address, "topic": "units-sink"})
+    batches = [
+        pa.RecordBatch.from_pydict({"body": [f"{i}-{j}".encode() for j in range(250)]})
+        for i in range(4)
+    ]
+    message = publish_batches(iter(batches), options)
+    assert (message.messages, message.requests) == (1000, 4)
+    assert emulator.topic_stats("units-sink").message_count == 1000
+    # the pooled producer serves the next task
+    producer = _POOL.get(options)
+    publish_batches(iter(batches[:1]), options)
+    assert _POOL.get(options) is producer
+    assert emulator.topic_stats("units-sink").message_count == 1250
+    _POOL.close()
+
+
+def test_a_refused_publish_fails_the_task_and_drops_the_producer(emulator: Emulator) -> None:
+    from nsq_anyio import ServerError
+    from nsq_spark._sink import _POOL, publish_batches
+
+    options = parse_sink_options(
+        {"nsqd_tcp_addresses": emulator.address, "topic": "units-refused", "max_attempts": "1"}
+    )
+    too_big = b"x" * (emulator.nsqd.options.max_msg_size + 1)
+    with pytest.raises(ServerError):
+        publish_batches(iter([pa.RecordBatch.from_pydict({"body": [b"ok", too_big]})]), options)
+    assert options.producer_key() not in _POOL._producers  # the retry starts afresh
+    # the small body went out in an MPUB of its own (batch_bytes): a retry publishes it again
+    assert emulator.topic_stats("units-refused").message_count == 1
+    _POOL.close()
+
+
+def test_tls_and_compression_end_to_end(tmp_path: Any, readers: list[NSQStreamReader]) -> None:
+    import ssl
+
+    import trustme
+    from anyio.from_thread import start_blocking_portal
+
+    from nsq_anyio._server import serve_emulator
+    from nsq_spark._sink import _POOL, publish_batches
+
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    with start_blocking_portal() as portal:
+        serving = serve_emulator(lookupd=False, tls_context=server_context)
+        with portal.wrap_async_context_manager(serving) as cluster:
+            emulator = Emulator(portal, cluster)
+            common = {"nsqd_tcp_addresses": emulator.address, "tls_ca_file": str(ca_file)}
+            sink = parse_sink_options({**common, "topic": "tls", "compression": "snappy"})
+            publish_batches(iter([pa.RecordBatch.from_pydict({"body": [b"a", b"b"]})]), sink)
+            _POOL.close()
+            reader = NSQStreamReader(
+                parse_source_options(
+                    {**common, "topic": "tls", "channel": "c", "compression": "deflate"}
+                ),
+                SCHEMA,
+                handle_sigterm=False,
+            )
+            readers.append(reader)
+            start = reader.initialOffset()
+            wait_for(lambda: held_count(reader) == 2, 10, 0.05)
+            end = reader.latestOffset(start, ReadAllAvailable())
+            rows = [
+                r
+                for p in reader.partitions(start, end)
+                for b in reader.read(p)
+                for r in b.to_pylist()
+            ]
+            assert sorted(r["body"] for r in rows) == [b"a", b"b"]
+            reader.stop()
+            readers.clear()
