@@ -173,21 +173,14 @@ class PartitionedConnection(NsqdConnection):
             resp["desired_tag"] = self.desired_tag
         return resp
 
-    def _apply_identify(self, data: _Identify) -> str | None:
-        opts = self._nsqd.options
+    def _apply_names(self, data: _Identify) -> None:
         self.client_id = data.client_id or data.short_id
         self.hostname = data.hostname or data.long_id
         self.user_agent = data.user_agent
-        hb = data.heartbeat_interval
-        if hb == -1:
-            self.heartbeat_interval = 0.0
-        elif hb == 0:
-            pass
-        elif 1000 <= hb <= int(opts.max_heartbeat_interval * 1000):
-            self.heartbeat_interval = hb / 1000.0
-        else:
-            return f"heartbeat interval ({hb}) is invalid"
-        size = data.output_buffer_size
+
+    def _apply_output_buffer(self, size: int, timeout: int) -> str | None:
+        # the fork clamps large sizes and raises timeouts of 1-9 ms to 10 ms
+        opts = self._nsqd.options
         new_size = 0
         if size == -1:
             new_size = 1
@@ -203,7 +196,6 @@ class PartitionedConnection(NsqdConnection):
             self.output_buffer_size = new_size
             self._flush()
             self._writer.size = new_size
-        timeout = data.output_buffer_timeout
         if 0 < timeout < 10:
             timeout = 10
         if timeout == -1:
@@ -214,16 +206,9 @@ class PartitionedConnection(NsqdConnection):
             self.output_buffer_timeout = timeout / 1000.0
         else:
             return f"output buffer timeout ({timeout}) is invalid"
-        if not 0 <= data.sample_rate <= 99:
-            return f"sample rate ({data.sample_rate}) is invalid"
-        self.sample_rate = data.sample_rate
-        mt = data.msg_timeout
-        if mt == 0:
-            pass
-        elif 1000 <= mt <= int(opts.max_msg_timeout * 1000):
-            self.msg_timeout = mt / 1000.0
-        else:
-            return f"msg timeout ({mt}) is invalid"
+        return None
+
+    def _apply_extensions(self, data: _Identify) -> str | None:
         tag = data.desired_tag
         if len(tag.encode()) > _MAX_TAG_LEN:
             return f"invalid tag len {len(tag.encode())}, exceed limit {_MAX_TAG_LEN}"
@@ -231,7 +216,6 @@ class PartitionedConnection(NsqdConnection):
             self.desired_tag = tag
         if data.extend_support:
             self.extend_support = True
-        self._identify_event()
         return None
 
     # -- message frames ---------------------------------------------------------------------

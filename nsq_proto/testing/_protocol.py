@@ -811,9 +811,7 @@ class NsqdConnection:
     def _apply_identify(self, data: _Identify) -> str | None:
         """nsqd's ``clientV2.Identify``: returns the error text, or None."""
         opts = self._nsqd.options
-        self.client_id = data.client_id
-        self.hostname = data.hostname
-        self.user_agent = data.user_agent
+        self._apply_names(data)
         hb = data.heartbeat_interval
         if hb == -1:
             self.heartbeat_interval = 0.0
@@ -836,7 +834,19 @@ class NsqdConnection:
             self.msg_timeout = mt / 1000.0
         else:
             return f"msg timeout ({mt}) is invalid"
+        problem = self._apply_extensions(data)
+        if problem is not None:
+            return problem
         self._identify_event()
+        return None
+
+    def _apply_names(self, data: _Identify) -> None:
+        self.client_id = data.client_id
+        self.hostname = data.hostname
+        self.user_agent = data.user_agent
+
+    def _apply_extensions(self, data: _Identify) -> str | None:
+        """IDENTIFY keys of the partitioned server (none on standard nsqd)."""
         return None
 
     def _apply_output_buffer(self, size: int, timeout: int) -> str | None:
