@@ -23,7 +23,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._features import TraceReceipt, encode_trace_receipt
-from .._frames import CLOSE_WAIT, OK, FrameType
+from .._frames import OK, FrameType
 from .._message import encode_message_data
 from ._protocol import (
     ClientError,
@@ -643,14 +643,6 @@ class PartitionedConnection(NsqdConnection):
         return None
         yield  # pragma: no cover
 
-    def _cls(self, params: list[bytes]) -> Proto:
-        if self.state != ClientState.SUBSCRIBED:
-            raise _fatal("E_INVALID", "cannot CLS in current state")
-        self._set_ready(0)
-        self.state = ClientState.CLOSING
-        return CLOSE_WAIT
-        yield  # pragma: no cover
-
     _HANDLERS: ClassVar[dict[bytes, Any]] = {
         b"FIN": _fin,
         b"RDY": NsqdConnection._rdy,
@@ -666,7 +658,7 @@ class PartitionedConnection(NsqdConnection):
         b"SUB": _sub,
         b"SUB_ADVANCED": _sub_advanced,
         b"SUB_ORDERED": _sub_ordered,
-        b"CLS": _cls,
+        b"CLS": NsqdConnection._cls,
         b"AUTH": NsqdConnection._auth,
         b"INTERNAL_CREATE_TOPIC": _internal_create_topic,
     }
