@@ -99,6 +99,10 @@ class Backend(Protocol):
     io_errors: tuple[type[BaseException], ...]
 
     def current_time(self) -> float: ...
+    def clock(self) -> Callable[[], float]:
+        """A cheap callable reading the running loop's clock (called inside the loop)."""
+        ...
+
     # the three factories below return the library's own objects, which have the shapes of
     # EventLike, ScopeLike and an async context manager of a TaskGroupLike
     def event(self) -> Any: ...
@@ -513,10 +517,12 @@ class _Client:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        self._clock: Callable[[], float] = backend.current_time
         self._tg_cm: AbstractAsyncContextManager[TaskGroupLike] | None = None
         self._tg: TaskGroupLike | None = None
 
     async def _enter(self) -> None:
+        self._clock = self._backend.clock()
         self._tg_cm = self._backend.task_group()
         self._tg = await self._tg_cm.__aenter__()
         self._tg.start_soon(self._driver.run, self._tg)
@@ -655,17 +661,15 @@ class AsyncConsumer(_Client):
         return AsyncMessage(self, conn_id, message, info[0], info[1])
 
     def _finish(self, message: AsyncMessage) -> None:
-        self._core.finish(message.conn_id, message.id, self._backend.current_time())
+        self._core.finish(message.conn_id, message.id, self._clock())
         self._driver.wake()
 
     def _requeue(self, message: AsyncMessage, delay: float | None, backoff: bool) -> None:
-        self._core.requeue(
-            message.conn_id, message.id, self._backend.current_time(), delay=delay, backoff=backoff
-        )
+        self._core.requeue(message.conn_id, message.id, self._clock(), delay=delay, backoff=backoff)
         self._driver.wake()
 
     def _touch(self, message: AsyncMessage) -> None:
-        self._core.touch(message.conn_id, message.id, self._backend.current_time())
+        self._core.touch(message.conn_id, message.id, self._clock())
         self._driver.wake()
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -851,7 +855,7 @@ class AsyncProducer(_Client):
         rid = self._core.publish(
             topic,
             body,
-            self._backend.current_time(),
+            self._clock(),
             delay=delay,
             partition=partition,
             sharding_key=sharding_key,
@@ -873,7 +877,7 @@ class AsyncProducer(_Client):
         rid = self._core.publish_many(
             topic,
             bodies,
-            self._backend.current_time(),
+            self._clock(),
             partition=partition,
             sharding_key=sharding_key,
             trace_ids=trace_ids,

@@ -13,6 +13,9 @@ __all__ = ["ConnectionState", "Command", "check_command", "HANDSHAKE_STATES"]
 
 
 class ConnectionState(Enum):
+    # members are singletons: identity hashing is exact and much cheaper than Enum's
+    __hash__ = object.__hash__
+
     #: created; the transport is not connected yet
     INIT = "INIT"
     #: magic and IDENTIFY sent, waiting for the IDENTIFY response
@@ -51,6 +54,9 @@ HANDSHAKE_STATES = frozenset(
 
 
 class Command(Enum):
+    # members are singletons: identity hashing is exact and much cheaper than Enum's
+    __hash__ = object.__hash__
+
     SUB = "SUB"
     PUB = "PUB"
     RDY = "RDY"

@@ -9,6 +9,9 @@ __all__ = ["TimerKind", "TimerKey", "Timers"]
 
 
 class TimerKind(Enum):
+    # members are singletons: identity hashing is exact and much cheaper than Enum's
+    __hash__ = object.__hash__
+
     #: poll every lookupd again
     LOOKUPD_POLL = "LOOKUPD_POLL"
     #: a lookupd HTTP request took too long

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -42,6 +43,9 @@ class TrioBackend:
 
     def current_time(self) -> float:
         return trio.current_time()
+
+    def clock(self) -> Callable[[], float]:
+        return trio.current_time
 
     def event(self) -> trio.Event:
         return trio.Event()
