@@ -18,6 +18,9 @@ _STREAM_ID = b"\xff\x06\x00\x00sNaPpY"
 #: the framing format caps uncompressed chunk data at 65536 bytes (+4 for the checksum);
 #: a compressed chunk is never larger than that either
 _MAX_CHUNK = 65536 + 4 + 32
+#: the most one read may inflate to; far above real traffic (nsqd's frames are at most a few
+#: MiB and a read is at most a few hundred KiB), far below what a hostile stream could ask for
+MAX_INFLATE = 64 * 1024 * 1024
 
 
 class Codec(Protocol):
@@ -106,9 +109,13 @@ class DeflateCodec:
 
     def decompress(self, data: bytes) -> bytes:
         try:
-            out = self._decompressor.decompress(data)
+            out = self._decompressor.decompress(data, MAX_INFLATE)
         except zlib.error as exc:
             raise RemoteProtocolError(f"corrupt deflate stream: {exc}") from exc
+        if self._decompressor.unconsumed_tail:
+            raise RemoteProtocolError(
+                f"one read inflates to more than {MAX_INFLATE} bytes (a compression bomb?)"
+            )
         if self._decompressor.eof:
             raise RemoteProtocolError(
                 "deflate stream ended (final block) while the connection is open"

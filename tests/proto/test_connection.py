@@ -429,3 +429,19 @@ def test_every_state_and_command(state: ConnectionState, command: Command) -> No
             COMMANDS[command](conn)
         assert conn.state is state
         assert conn.outputs() == []
+
+
+def test_a_deflate_bomb_is_refused() -> None:
+    import zlib
+
+    from nsq_proto._compress import MAX_INFLATE
+
+    conn = Connection(ConnectionConfig(deflate=True))
+    conn.connection_made(0.0)
+    conn.outputs()
+    bomb = zlib.compressobj(9, zlib.DEFLATED, -15)
+    payload = bomb.compress(b"\0" * (MAX_INFLATE + 1)) + bomb.flush(zlib.Z_SYNC_FLUSH)
+    assert len(payload) < MAX_INFLATE // 500
+    with pytest.raises(RemoteProtocolError, match="compression bomb"):
+        conn.receive_data(identify_response(deflate=True) + payload, 0.0)
+    assert conn.state is ConnectionState.CLOSED
