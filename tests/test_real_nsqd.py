@@ -189,3 +189,114 @@ async def test_bad_topic_is_a_typed_error(servers: Servers, lib: ModuleType) -> 
         with pytest.raises(lib.ServerError) as info:
             await producer.publish_many("t", [b"x" * (1024 * 1024 + 1)])
     assert info.value.code == "E_BAD_MESSAGE"
+
+
+@dataclass
+class SecureServers:
+    nsqd_tcp: str
+    ca: Any
+
+
+@pytest.fixture(scope="module")
+def secure_servers() -> Iterator[SecureServers]:
+    import http.server
+    import threading
+
+    import trustme
+
+    assert NSQD
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    tmp = tempfile.mkdtemp(prefix="nsqd-tls-")
+    cert_path = os.path.join(tmp, "cert.pem")
+    key_path = os.path.join(tmp, "key.pem")
+    cert.cert_chain_pems[0].write_to_path(cert_path)
+    cert.private_key_pem.write_to_path(key_path)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            good = "secret=good" in self.path
+            body = json.dumps(
+                {
+                    "ttl": 3600,
+                    "identity": "tester",
+                    "identity_url": "",
+                    "authorizations": [
+                        {
+                            "topic": "^sec",
+                            "channels": [".*"],
+                            "permissions": ["subscribe", "publish"],
+                        }
+                    ],
+                }
+            ).encode()
+            self.send_response(200 if good else 403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) if good else 0))
+            self.end_headers()
+            if good:
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    auth = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=auth.serve_forever, daemon=True).start()
+    tcp, http_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            NSQD,
+            f"--tcp-address=127.0.0.1:{tcp}",
+            f"--http-address=127.0.0.1:{http_port}",
+            "--https-address=",
+            f"--data-path={tmp}",
+            f"--tls-cert={cert_path}",
+            f"--tls-key={key_path}",
+            f"--auth-http-address=127.0.0.1:{auth.server_address[1]}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{http_port}/ping")
+        yield SecureServers(f"127.0.0.1:{tcp}", ca)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        auth.shutdown()
+        auth.server_close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_tls_snappy_and_auth(
+    secure_servers: SecureServers, lib: ModuleType, way: tuple[str, str]
+) -> None:
+    import ssl
+
+    context = ssl.create_default_context()
+    secure_servers.ca.configure_trust(context)
+    topic = f"sec_{way[0]}_{way[1]}"
+    options: dict[str, Any] = {
+        "nsqd_tcp_addresses": [secure_servers.nsqd_tcp],
+        "tls": context,
+        "snappy": True,
+        "auth_secret": "good",
+    }
+    async with lib.Producer(**options) as producer:
+        await producer.publish(topic, b"secret message")
+        with pytest.raises(lib.ServerError) as info:
+            await producer.publish("other", b"not allowed")
+        assert info.value.code == "E_UNAUTHORIZED"
+    async with lib.Consumer(topic, "c", **options) as consumer:
+        (message,) = await consume(consumer, 1)
+    assert message.body == b"secret message"
+    async with lib.Producer(
+        nsqd_tcp_addresses=[secure_servers.nsqd_tcp],
+        tls=context,
+        auth_secret="bad",
+        publish_timeout=3.0,
+        max_attempts=1,
+    ) as producer:
+        with pytest.raises(lib.NSQError):
+            await producer.publish(topic, b"x")
