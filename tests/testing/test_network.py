@@ -141,3 +141,25 @@ def test_ordered_partitions_keep_their_order_under_sub_ordered() -> None:
     for p, body in received:
         by_key.setdefault(body.split(b":")[0].decode(), set()).add(p)
     assert all(len(ps) == 1 for ps in by_key.values())
+
+
+def test_sub_order_is_must_switches_the_consumer_to_sub_ordered() -> None:
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("orders", net.now, partitions=1, ordered=True)
+    cluster.create_channel("orders", "c", net.now)
+    consumer = Consumer(
+        "orders",
+        "c",
+        ConsumerConfig(partitions=(0,), reconnect_delay=1.0, reconnect_jitter=0.0),
+        nsqd_tcp_addresses=["127.0.0.1:4150"],
+    )
+    net.attach(consumer)
+    net.start()
+    first = net.take_events(consumer)
+    assert any(getattr(e, "code", None) == "E_SUB_ORDER_IS_MUST" for e in first)
+    cluster.nodes[0].publish("orders", b"in order", net.now, partition=0)
+    net.advance(2.0)  # reconnects, this time with SUB_ORDERED
+    received = [e for e in net.take_events(consumer) if isinstance(e, MessageReceived)]
+    assert [e.message.body for e in received] == [b"in order"]
+    assert received[0].message.queue_offset is not None  # the ordered frame layout
