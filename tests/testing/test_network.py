@@ -163,3 +163,28 @@ def test_sub_order_is_must_switches_the_consumer_to_sub_ordered() -> None:
     received = [e for e in net.take_events(consumer) if isinstance(e, MessageReceived)]
     assert [e.message.body for e in received] == [b"in order"]
     assert received[0].message.queue_offset is not None  # the ordered frame layout
+
+
+def test_producer_follows_a_moved_partition_leader() -> None:
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=2))
+    cluster.create_topic("orders", net.now, partitions=2, replicas=2)
+    cluster.create_channel("orders", "c", net.now)
+    producer = Producer(ProducerConfig(), lookupd_http_addresses=["127.0.0.1:4161"])
+    net.attach(producer)
+    net.start()
+    first = producer.publish("orders", b"before", net.now, partition=1)
+    net.run_until_idle()
+    assert [e.request_id for e in net.take_events(producer) if isinstance(e, PublishSucceeded)] == [
+        first
+    ]
+    old_leader = cluster.leader("orders", 1)
+    assert old_leader is not None
+    cluster.move_leader("orders", 1, 1 - cluster.node_index(old_leader), net.now)
+    second = producer.publish("orders", b"after", net.now, partition=1)
+    net.advance(5.0)
+    events = net.take_events(producer)
+    assert [e.request_id for e in events if isinstance(e, PublishSucceeded)] == [second]
+    new_leader = cluster.leader("orders", 1)
+    assert new_leader is not None and new_leader is not old_leader
+    assert new_leader.topic_stats("orders", partition=1).message_count == 2
