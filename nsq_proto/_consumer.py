@@ -37,7 +37,9 @@ from ._events import (
 from ._lookupd import (
     HttpResponseParser,
     LookupResult,
+    build_listlookup_request,
     build_lookup_request,
+    feed_listlookup_response,
     feed_lookup_response,
 )
 from ._message import Message
@@ -204,7 +206,11 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._by_key: dict[str, ConnId] = {}
         self._next_conn_id = 1
         self._next_request_id = 1
-        self._http: dict[int, tuple[tuple[str, int], HttpResponseParser]] = {}
+        #: request id -> (lookupd address, parser, is it a /listlookup)
+        self._http: dict[int, tuple[tuple[str, int], HttpResponseParser, bool]] = {}
+        self._seed_lookupd = list(self._lookupd)
+        #: a lookup answered like the partitioned cluster: ask it for the other lookupd too
+        self._cluster_seen = False
         self._reconnect_attempts: dict[str, int] = {}
         self._max_in_flight = self.config.max_in_flight
         self._total_rdy = 0
@@ -270,24 +276,35 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._stopping:
             return
         cfg = self.config
+        agent = cfg.user_agent or "nsq_proto"
         for host, port in self._lookupd:
-            rid = self._next_request_id
-            self._next_request_id += 1
             data = build_lookup_request(
-                host,
-                port,
-                self.topic,
-                access="r",
-                metainfo=True,
-                user_agent=cfg.user_agent or "nsq_proto",
+                host, port, self.topic, access="r", metainfo=True, user_agent=agent
             )
-            self._http[rid] = ((host, port), HttpResponseParser())
-            self._outputs.append(HttpRequest(rid, host, port, data, cfg.lookupd_poll_timeout))
-            self._timers.set((TimerKind.HTTP_TIMEOUT, rid), now + cfg.lookupd_poll_timeout)
+            self._http_request((host, port), data, False, now)
+        if self._cluster_seen:
+            self._listlookup(now)
         # the guide: jitter each poll by a random share of the interval
         interval = cfg.lookupd_poll_interval
         jitter = self._rng.random() * cfg.lookupd_poll_jitter * interval
         self._timers.set((TimerKind.LOOKUPD_POLL, None), now + interval + jitter)
+
+    def _listlookup(self, now: float) -> None:
+        """go-nsq (partitioned cluster): learn every lookupd of the cluster from the seeds."""
+        agent = self.config.user_agent or "nsq_proto"
+        for host, port in self._seed_lookupd:
+            data = build_listlookup_request(host, port, user_agent=agent)
+            self._http_request((host, port), data, True, now)
+
+    def _http_request(
+        self, address: tuple[str, int], data: bytes, listlookup: bool, now: float
+    ) -> None:
+        rid = self._next_request_id
+        self._next_request_id += 1
+        timeout = self.config.lookupd_poll_timeout
+        self._http[rid] = (address, HttpResponseParser(), listlookup)
+        self._outputs.append(HttpRequest(rid, address[0], address[1], data, timeout))
+        self._timers.set((TimerKind.HTTP_TIMEOUT, rid), now + timeout)
 
     def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
         """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
@@ -304,17 +321,25 @@ class Consumer(MultiConnectionCore[_Conn]):
         entry = self._http.get(request_id)
         if entry is None:
             return
-        address, parser = entry
+        address, parser, listlookup = entry
         try:
-            result = feed_lookup_response(parser, data)
+            answer = (feed_listlookup_response if listlookup else feed_lookup_response)(
+                parser, data
+            )
         except LookupdError as exc:
             self._http_error(request_id, exc)
             return
-        if result is None:
+        if answer is None:
             return
         del self._http[request_id]
         self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
-        self._apply_lookup(address, result, now)
+        if isinstance(answer, LookupResult):
+            self._apply_lookup(address, answer, now)
+            return
+        new = [n.http_address for n in answer if n.http_address not in self._lookupd]
+        if new:
+            self._lookupd.extend(new)
+            self.poll_lookupd_now(now)
 
     def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
         """The adapter could not reach lookupd or the transfer broke."""
@@ -333,6 +358,9 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._stopping:
             return
         meta = result.meta
+        if (meta is not None or result.partitions) and not self._cluster_seen:
+            self._cluster_seen = True
+            self._listlookup(now)
         if meta is not None and meta.ordered:
             self._ordered_required = True
         wanted = self.config.partitions

@@ -52,6 +52,7 @@ __all__ = [
     "union_producers",
     "partition_addresses",
     "feed_lookup_response",
+    "feed_listlookup_response",
 ]
 
 #: asks nsqlookupd for the bare v1 body and real HTTP status codes (both servers honour it)
@@ -659,9 +660,22 @@ def partition_addresses(results: Iterable[LookupResult]) -> dict[int, tuple[str,
 def feed_lookup_response(parser: HttpResponseParser, data: bytes) -> LookupResult | None:
     """Feed one read of a ``/lookup`` response (``b""`` at EOF): the parsed answer once it is
     complete, None while more is expected; :class:`LookupdError` for anything unusable."""
-    response = parser.receive_data(data)
+    response = _feed(parser, data)
+    return None if response is None else parse_lookup_response(response.status, response.body)
+
+
+def feed_listlookup_response(
+    parser: HttpResponseParser, data: bytes
+) -> tuple[LookupdNode, ...] | None:
+    """The same for a ``/listlookup`` response."""
+    response = _feed(parser, data)
     if response is None:
-        if not data:
-            raise LookupdError("lookupd closed the connection before a full response")
         return None
-    return parse_lookup_response(response.status, response.body)
+    return parse_listlookup_response(response.status, response.body)
+
+
+def _feed(parser: HttpResponseParser, data: bytes) -> HttpResponse | None:
+    response = parser.receive_data(data)
+    if response is None and not data:
+        raise LookupdError("lookupd closed the connection before a full response")
+    return response

@@ -31,7 +31,14 @@ from ._events import (
     PublishSucceeded,
     Ready,
 )
-from ._lookupd import HttpResponseParser, LookupResult, build_lookup_request, feed_lookup_response
+from ._lookupd import (
+    HttpResponseParser,
+    LookupResult,
+    build_listlookup_request,
+    build_lookup_request,
+    feed_listlookup_response,
+    feed_lookup_response,
+)
 from ._names import check_topic
 from ._outputs import Connect, HttpRequest, Output
 from ._partitioned import partition_for_key
@@ -159,6 +166,9 @@ class Producer(MultiConnectionCore[_PConn]):
         self._routes: dict[str, _TopicRoute] = {}
         self._lookups: dict[int, tuple[str, tuple[str, int], HttpResponseParser]] = {}
         self._lookup_pending: set[str] = set()
+        self._seed_lookupd = list(self._lookupd)
+        self._listlookups: dict[int, HttpResponseParser] = {}
+        self._cluster_seen = False
         self._reconnect_attempts: dict[tuple[tuple[str, int], int], int] = {}
         self._next_conn_id = 1
         self._next_request_id = 1
@@ -505,8 +515,34 @@ class Producer(MultiConnectionCore[_PConn]):
                 (TimerKind.HTTP_TIMEOUT, hid), self._now + self.config.lookupd_poll_timeout
             )
 
+    def _listlookup(self) -> None:
+        """go-nsq (partitioned cluster): learn every lookupd of the cluster from the seeds."""
+        for host, port in self._seed_lookupd:
+            hid = self._next_http_id
+            self._next_http_id += 1
+            data = build_listlookup_request(
+                host, port, user_agent=self.config.user_agent or "nsq_proto"
+            )
+            self._listlookups[hid] = HttpResponseParser()
+            self._outputs.append(
+                HttpRequest(hid, host, port, data, self.config.lookupd_poll_timeout)
+            )
+
     def http_data(self, request_id: int, data: bytes, now: float) -> None:
         self._now = now
+        listing = self._listlookups.get(request_id)
+        if listing is not None:
+            try:
+                nodes = feed_listlookup_response(listing, data)
+            except LookupdError:
+                del self._listlookups[request_id]  # an older lookupd: keep the seeds
+                return
+            if nodes is not None:
+                del self._listlookups[request_id]
+                for node in nodes:
+                    if node.http_address not in self._lookupd:
+                        self._lookupd.append(node.http_address)
+            return
         entry = self._lookups.get(request_id)
         if entry is None:
             return
@@ -525,6 +561,8 @@ class Producer(MultiConnectionCore[_PConn]):
 
     def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
         self._now = now
+        if self._listlookups.pop(request_id, None) is not None:
+            return
         exc = LookupdError(f"lookupd request failed: {error}")
         exc.__cause__ = error
         self._lookup_failed(request_id, exc)
@@ -546,6 +584,9 @@ class Producer(MultiConnectionCore[_PConn]):
             self._lookup_pending.discard(topic)
         meta = result.meta
         partitions = {pid: p.address for pid, p in result.partitions.items()}
+        if partitions and not self._cluster_seen:
+            self._cluster_seen = True
+            self._listlookup()
         old = self._routes.get(topic)
         if old is not None and old.partitions and not partitions:
             return  # keep what we know until an answer says something useful

@@ -188,3 +188,70 @@ def test_producer_follows_a_moved_partition_leader() -> None:
     new_leader = cluster.leader("orders", 1)
     assert new_leader is not None and new_leader is not old_leader
     assert new_leader.topic_stats("orders", partition=1).message_count == 2
+
+
+def test_consumer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> None:
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=2, lookupds=2))
+    cluster.create_topic("orders", net.now, partitions=2)
+    cluster.create_channel("orders", "c", net.now)
+    seed, other = cluster.lookupds
+    consumer = Consumer("orders", "c", lookupd_http_addresses=[f"127.0.0.1:{seed.http_port}"])
+    asked: list[tuple[str, int]] = []
+    real_http = net._http
+
+    def spy(core: object, req: object) -> None:
+        asked.append((req.host, req.port))  # type: ignore[attr-defined]
+        real_http(core, req)  # type: ignore[arg-type]
+
+    net._http = spy  # type: ignore[method-assign]
+    net.attach(consumer)
+    net.start()
+    net.advance(0.1)
+    assert ("127.0.0.1", other.http_port) in asked  # polled right after /listlookup
+    assert len(consumer.connections()) == 2
+    # a standard nsqlookupd is never asked for /listlookup
+    net2, _, _ = two_nsqd_network()
+    sent: list[bytes] = []
+    real_http2 = net2._http
+
+    def spy2(core: object, req: object) -> None:
+        sent.append(req.data)  # type: ignore[attr-defined]
+        real_http2(core, req)  # type: ignore[arg-type]
+
+    net2._http = spy2  # type: ignore[method-assign]
+    plain = Consumer("t", "c", lookupd_http_addresses=["lookupd:4161"])
+    net2.attach(plain)
+    net2.start()
+    net2.nsqds[("nsqd1", 4150)].publish("t", b"x", net2.now)
+    net2.advance(80.0)
+    assert len(sent) >= 2
+    assert all(data.startswith(b"GET /lookup?") for data in sent)
+
+
+def test_producer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> None:
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=2, lookupds=2))
+    cluster.create_topic("orders", net.now, partitions=2)
+    cluster.create_channel("orders", "c", net.now)
+    seed, other = cluster.lookupds
+    producer = Producer(ProducerConfig(), lookupd_http_addresses=[f"127.0.0.1:{seed.http_port}"])
+    net.attach(producer)
+    net.start()
+    rid = producer.publish("orders", b"x", net.now, sharding_key="k")
+    net.run_until_idle()
+    assert [e.request_id for e in net.take_events(producer) if isinstance(e, PublishSucceeded)] == [
+        rid
+    ]
+    # the next lookup of a topic goes to both lookupd
+    seen: list[int] = []
+    real_http = net._http
+
+    def spy(core: object, req: object) -> None:
+        seen.append(req.port)  # type: ignore[attr-defined]
+        real_http(core, req)  # type: ignore[arg-type]
+
+    net._http = spy  # type: ignore[method-assign]
+    producer.publish("other_topic", b"y", net.now)
+    net.run_until_idle()
+    assert sorted(set(seen)) == sorted({seed.http_port, other.http_port})
