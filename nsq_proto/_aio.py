@@ -10,11 +10,12 @@ backends and add nothing else.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -456,6 +457,18 @@ class AsyncMessage:
         return self._message.trace_id
 
     @property
+    def ext(self) -> dict[str, Any] | None:
+        """The JSON extension header (partitioned server, extended topics), else None."""
+        message = self._message
+        if message.ext_version != 4 or not message.ext_data:
+            return None
+        try:
+            value = json.loads(message.ext_data)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    @property
     def raw(self) -> CoreMessage:
         return self._message
 
@@ -848,6 +861,7 @@ class AsyncProducer(_Client):
         partition: int | None = None,
         sharding_key: bytes | str | None = None,
         trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
     ) -> TraceReceipt | None:
         """PUB (DPUB with ``delay`` seconds; PUB_TRACE with ``trace_id``, which returns the
         trace receipt).  Returns once nsqd acknowledged it."""
@@ -860,6 +874,7 @@ class AsyncProducer(_Client):
             partition=partition,
             sharding_key=sharding_key,
             trace_id=trace_id,
+            ext=ext,
         )
         return await self._wait(rid)
 
@@ -871,6 +886,7 @@ class AsyncProducer(_Client):
         partition: int | None = None,
         sharding_key: bytes | str | None = None,
         trace_ids: Iterable[int] | None = None,
+        ext: Mapping[str, Any] | None = None,
     ) -> TraceReceipt | None:
         """MPUB (MPUB_TRACE with ``trace_ids``): all or nothing, once nsqd acknowledged it."""
         self._check_open()
@@ -881,6 +897,7 @@ class AsyncProducer(_Client):
             partition=partition,
             sharding_key=sharding_key,
             trace_ids=trace_ids,
+            ext=ext,
         )
         return await self._wait(rid)
 

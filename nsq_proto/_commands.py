@@ -27,6 +27,9 @@ __all__ = [
     "dpub",
     "pub_trace",
     "mpub_trace",
+    "pub_ext",
+    "mpub_ext",
+    "encode_ext_header",
     "rdy",
     "fin",
     "req",
@@ -183,6 +186,51 @@ def mpub_trace(
     if not parts:
         raise LocalProtocolError("MPUB_TRACE needs at least one message")
     return b"MPUB_TRACE %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(
+        _mpub_payload(parts)
+    )
+
+
+_U16 = struct.Struct(">H")
+_EXT_MAX = 65534
+
+
+def encode_ext_header(header: Mapping[str, Any] | bytes) -> bytes:
+    """The JSON header of PUB_EXT: a mapping (compact JSON) or ready JSON bytes."""
+    if isinstance(header, bytes):
+        data = header
+    else:
+        data = json.dumps(dict(header), separators=(",", ":")).encode()
+    if not data or len(data) > _EXT_MAX:
+        raise LocalProtocolError(f"an extension header is 1..{_EXT_MAX} bytes of JSON")
+    return data
+
+
+def pub_ext(
+    topic: str, body: bytes, header: Mapping[str, Any] | bytes, partition: int | None = None
+) -> bytes:
+    """``PUB_EXT`` (partitioned server): ``size | json_len:u16 | json | body``.  nsqd answers
+    with the traced receipt when the header has ``##trace_id``, else ``OK``."""
+    check_topic(topic)
+    body = _check_body(body)
+    ext = encode_ext_header(header)
+    payload = _U16.pack(len(ext)) + ext + body
+    return b"PUB_EXT %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(payload)
+
+
+def mpub_ext(
+    topic: str,
+    items: Iterable[tuple[Mapping[str, Any] | bytes, bytes]],
+    partition: int | None = None,
+) -> bytes:
+    """``MPUB_EXT``: each message ``json_len:u16 | json | body``; always answered ``OK``."""
+    check_topic(topic)
+    parts = []
+    for header, body in items:
+        ext = encode_ext_header(header)
+        parts.append(_U16.pack(len(ext)) + ext + _check_body(body))
+    if not parts:
+        raise LocalProtocolError("MPUB_EXT needs at least one message")
+    return b"MPUB_EXT %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(
         _mpub_payload(parts)
     )
 

@@ -14,8 +14,9 @@ import contextlib
 import math
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from . import _commands as cmd
 from ._config import ConfigError, ConnectionConfig
@@ -116,6 +117,8 @@ class _Request:
     trace_ids: list[int] | None
     delay: float
     deadline: float
+    #: the JSON extension header (PUB_EXT/MPUB_EXT), if any
+    ext: bytes | None = None
     attempts: int = 0
     conn_id: ConnId = 0
 
@@ -318,6 +321,7 @@ class Producer(MultiConnectionCore[_PConn]):
         sharding_key: bytes | str | None = None,
         trace_ids: list[int] | None = None,
         delay: float = 0.0,
+        ext: bytes | None = None,
     ) -> int:
         if self._closing:
             raise LocalProtocolError("the producer is closing")
@@ -353,6 +357,7 @@ class Producer(MultiConnectionCore[_PConn]):
             trace_ids,
             delay,
             now + self.config.publish_timeout,
+            ext,
         )
         self._requests[rid] = req
         self._queue.append(req)
@@ -371,12 +376,21 @@ class Producer(MultiConnectionCore[_PConn]):
         sharding_key: bytes | str | None = None,
         trace_id: int | None = None,
         delay: float | None = None,
+        ext: Mapping[str, Any] | None = None,
     ) -> int:
-        """PUB (DPUB with ``delay`` seconds, PUB_TRACE with ``trace_id``)."""
-        if delay is not None and (trace_id is not None or partition is not None):
-            raise LocalProtocolError("DPUB takes neither a partition nor a trace id")
+        """PUB (DPUB with ``delay`` seconds, PUB_TRACE with ``trace_id``, PUB_EXT with an
+        ``ext`` JSON header on the partitioned server)."""
+        if delay is not None and (trace_id is not None or partition is not None or ext):
+            raise LocalProtocolError("DPUB takes no partition, trace id or extension header")
         if trace_id is not None:
             cmd.pub_trace("t", trace_id, b"x")  # validates the trace id now
+        header = None
+        if ext is not None:
+            fields = dict(ext)
+            if trace_id is not None:
+                fields["##trace_id"] = str(trace_id)  # PUB_EXT carries the trace id itself
+                trace_id = None
+            header = cmd.encode_ext_header(fields)
         kind = _DPUB if delay is not None else _PUB
         return self._new_request(
             topic,
@@ -387,6 +401,7 @@ class Producer(MultiConnectionCore[_PConn]):
             sharding_key=sharding_key,
             trace_ids=None if trace_id is None else [trace_id],
             delay=delay or 0.0,
+            ext=header,
         )
 
     def publish_many(
@@ -398,11 +413,15 @@ class Producer(MultiConnectionCore[_PConn]):
         partition: int | None = None,
         sharding_key: bytes | str | None = None,
         trace_ids: Iterable[int] | None = None,
+        ext: Mapping[str, Any] | None = None,
     ) -> int:
-        """MPUB (MPUB_TRACE with ``trace_ids``, one per body)."""
+        """MPUB (MPUB_TRACE with ``trace_ids``, one per body; MPUB_EXT with an ``ext`` JSON
+        header given to every message)."""
         items = list(bodies)
         traces = None if trace_ids is None else list(trace_ids)
         if traces is not None:
+            if ext is not None:
+                raise LocalProtocolError("MPUB_EXT takes no trace ids")
             if len(traces) != len(items):
                 raise LocalProtocolError("give one trace id per body")
             cmd.mpub_trace("t", [(t, b"x") for t in traces])
@@ -414,12 +433,18 @@ class Producer(MultiConnectionCore[_PConn]):
             partition=partition,
             sharding_key=sharding_key,
             trace_ids=traces,
+            ext=None if ext is None else cmd.encode_ext_header(ext),
         )
 
     def _encode(self, req: _Request, partition: int | None) -> tuple[bytes, bool]:
         traced = req.trace_ids is not None
         if req.kind == _DPUB:
             return cmd.dpub(req.topic, round(req.delay * 1000), req.bodies[0]), False
+        if req.ext is not None:
+            if req.kind == _PUB:
+                traced = b'"##trace_id"' in req.ext  # then nsqd answers with the receipt
+                return cmd.pub_ext(req.topic, req.bodies[0], req.ext, partition), traced
+            return cmd.mpub_ext(req.topic, [(req.ext, b) for b in req.bodies], partition), False
         if req.kind == _PUB:
             if req.trace_ids is not None:
                 return cmd.pub_trace(req.topic, req.trace_ids[0], req.bodies[0], partition), True

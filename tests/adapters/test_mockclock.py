@@ -319,3 +319,29 @@ def test_stop_with_a_timed_out_message_waiting_twice_in_the_inbox() -> None:
         assert (stats.depth, stats.in_flight_count) == (1, 0)
 
     run(lambda: _with_net(body))
+
+
+def test_extension_headers_through_the_public_api() -> None:
+    async def body(net: MemNet, backend: MemBackend) -> None:
+        cluster = net.add_cluster(Cluster(nodes=1, now=trio.current_time()))
+        cluster.create_topic("events", trio.current_time(), partitions=1, ext=True)
+        cluster.create_channel("events", "c", trio.current_time())
+        lookupd = ["127.0.0.1:4161"]
+        async with AsyncProducer(backend, lookupd_http_addresses=lookupd) as producer:
+            receipt = await producer.publish("events", b"a", ext={"kind": "x"}, trace_id=5)
+            assert receipt is not None and receipt.trace_id == 5
+            assert await producer.publish_many("events", [b"b"], ext={"kind": "y"}) is None
+        async with AsyncConsumer(backend, "events", "c", lookupd_http_addresses=lookupd) as c:
+            got = []
+            with trio.fail_after(30):
+                async for message in c:
+                    got.append((message.body, message.ext, message.trace_id))
+                    await message.finish()
+                    if len(got) == 2:
+                        break
+        assert sorted(got) == [
+            (b"a", {"kind": "x", "##trace_id": "5"}, 5),
+            (b"b", {"kind": "y"}, 0),
+        ]
+
+    run(lambda: _with_net(body))

@@ -187,3 +187,25 @@ def test_auth_nop_cls_round_trip(secret: bytes) -> None:
     assert parse(cmd.auth(secret)) == (b"AUTH", [], secret, b"")
     assert parse(cmd.nop()) == (b"NOP", [], None, b"")
     assert parse(cmd.cls()) == (b"CLS", [], None, b"")
+
+
+def test_pub_ext_matches_the_spec_example_and_round_trips() -> None:
+    # partitioned-nsq.md 3.7
+    header = b'{"##trace_id":"12345","k":"v"}'
+    assert cmd.pub_ext("orders", b"hi", header, 0) == bytes.fromhex(
+        "5055425f455854206f726465727320300a00000022001e" + header.hex() + "6869"
+    )
+    assert cmd.pub_ext("t", b"x", {"a": "b"}) == cmd.pub_ext("t", b"x", b'{"a":"b"}')
+    data = cmd.mpub_ext("t", [({"k": "1"}, b"a"), (b'{"k":"2"}', b"bc")], 3)
+    _name, params, body, rest = parse(data.replace(b"MPUB_EXT", b"MPUB", 1))
+    assert (params, rest) == ([b"t", b"3"], b"")
+    assert body is not None
+    messages = unpack_mpub(body)
+    decoded = []
+    for m in messages:
+        (n,) = struct.unpack(">H", m[:2])
+        decoded.append((json.loads(m[2 : 2 + n]), m[2 + n :]))
+    assert decoded == [({"k": "1"}, b"a"), ({"k": "2"}, b"bc")]
+    for bad in (b"", b"x" * 70000):
+        with pytest.raises(LocalProtocolError):
+            cmd.pub_ext("t", b"x", bad)

@@ -255,3 +255,36 @@ def test_producer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> Non
     producer.publish("other_topic", b"y", net.now)
     net.run_until_idle()
     assert sorted(set(seen)) == sorted({seed.http_port, other.http_port})
+
+
+def test_extension_headers_and_trace_ids_on_an_extended_topic() -> None:
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("events", net.now, partitions=1, ext=True)
+    cluster.create_channel("events", "c", net.now)
+    producer = Producer(ProducerConfig(), lookupd_http_addresses=["127.0.0.1:4161"])
+    consumer = Consumer(
+        "events", "c", ConsumerConfig(max_in_flight=5), lookupd_http_addresses=["127.0.0.1:4161"]
+    )
+    net.attach(producer)
+    net.attach(consumer)
+    net.start()
+    traced = producer.publish("events", b"one", net.now, ext={"k": "v"}, trace_id=77)
+    plain = producer.publish_many("events", [b"two", b"three"], net.now, ext={"n": "2"})
+    net.run_until_idle()
+    done = {e.request_id: e for e in net.take_events(producer) if isinstance(e, PublishSucceeded)}
+    assert set(done) == {traced, plain}
+    receipt = done[traced].receipt
+    assert receipt is not None and receipt.trace_id == 77
+    assert done[plain].receipt is None
+    net.advance(80.0)  # the consumer's lookup found the topic extended: extend_support
+    got = {
+        e.message.body: e.message
+        for e in net.take_events(consumer)
+        if isinstance(e, MessageReceived)
+    }
+    assert set(got) == {b"one", b"two", b"three"}
+    one = got[b"one"]
+    assert one.ext_version == 4 and one.trace_id == 77
+    assert one.ext_data is not None and b'"k":"v"' in one.ext_data
+    assert got[b"two"].ext_data == b'{"n":"2"}'
