@@ -20,14 +20,13 @@ from dataclasses import dataclass, field, fields
 from ._config import ConfigError, ConnectionConfig
 from ._connection import Connection
 from ._core import MultiConnectionCore, reconnect_delay
-from ._errors import LocalProtocolError, LookupdError, NSQError
+from ._errors import LocalProtocolError, LookupdError
 from ._events import (
     BackoffChanged,
     CloseWaitReceived,
     ConnectionClosed,
     ConnId,
     ErrorReceived,
-    LookupFailed,
     LookupSucceeded,
     MessageGivenUp,
     MessageReceived,
@@ -35,16 +34,12 @@ from ._events import (
     Stopped,
 )
 from ._lookupd import (
-    HttpResponseParser,
     LookupResult,
-    build_listlookup_request,
     build_lookup_request,
-    feed_listlookup_response,
-    feed_lookup_response,
 )
 from ._message import Message
 from ._names import check_channel, check_topic
-from ._outputs import Connect, HttpRequest, Output
+from ._outputs import Connect, Output
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
 
@@ -196,8 +191,8 @@ class Consumer(MultiConnectionCore[_Conn]):
         self.channel = check_channel(channel)
         self.config = config if config is not None else ConsumerConfig()
         self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
-        self._lookupd = [parse_address(a) for a in lookupd_http_addresses]
-        if not self._nsqd and not self._lookupd:
+        lookupd = [parse_address(a) for a in lookupd_http_addresses]
+        if not self._nsqd and not lookupd:
             raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
         self._rng = rng if rng is not None else random.Random()
         self._outputs: deque[Output] = deque()
@@ -205,12 +200,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._conns: dict[ConnId, _Conn] = {}
         self._by_key: dict[str, ConnId] = {}
         self._next_conn_id = 1
-        self._next_request_id = 1
-        #: request id -> (lookupd address, parser, is it a /listlookup)
-        self._http: dict[int, tuple[tuple[str, int], HttpResponseParser, bool]] = {}
-        self._seed_lookupd = list(self._lookupd)
-        #: a lookup answered like the partitioned cluster: ask it for the other lookupd too
-        self._cluster_seen = False
+        self._init_lookupd(lookupd, self.config.lookupd_poll_timeout, self.config.user_agent)
         self._reconnect_attempts: dict[str, int] = {}
         self._max_in_flight = self.config.max_in_flight
         self._total_rdy = 0
@@ -276,35 +266,17 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._stopping:
             return
         cfg = self.config
-        agent = cfg.user_agent or "nsq_proto"
         for host, port in self._lookupd:
             data = build_lookup_request(
-                host, port, self.topic, access="r", metainfo=True, user_agent=agent
+                host, port, self.topic, access="r", metainfo=True, user_agent=self._user_agent
             )
-            self._http_request((host, port), data, False, now)
+            self._http_request((host, port), data, self.topic)
         if self._cluster_seen:
-            self._listlookup(now)
+            self._listlookup()
         # the guide: jitter each poll by a random share of the interval
         interval = cfg.lookupd_poll_interval
         jitter = self._rng.random() * cfg.lookupd_poll_jitter * interval
         self._timers.set((TimerKind.LOOKUPD_POLL, None), now + interval + jitter)
-
-    def _listlookup(self, now: float) -> None:
-        """go-nsq (partitioned cluster): learn every lookupd of the cluster from the seeds."""
-        agent = self.config.user_agent or "nsq_proto"
-        for host, port in self._seed_lookupd:
-            data = build_listlookup_request(host, port, user_agent=agent)
-            self._http_request((host, port), data, True, now)
-
-    def _http_request(
-        self, address: tuple[str, int], data: bytes, listlookup: bool, now: float
-    ) -> None:
-        rid = self._next_request_id
-        self._next_request_id += 1
-        timeout = self.config.lookupd_poll_timeout
-        self._http[rid] = (address, HttpResponseParser(), listlookup)
-        self._outputs.append(HttpRequest(rid, address[0], address[1], data, timeout))
-        self._timers.set((TimerKind.HTTP_TIMEOUT, rid), now + timeout)
 
     def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
         """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
@@ -315,52 +287,19 @@ class Consumer(MultiConnectionCore[_Conn]):
         if current is None or current > now + delay:
             self._timers.set(key, now + delay)
 
-    def http_data(self, request_id: int, data: bytes, now: float) -> None:
-        """Bytes of a lookupd response (``b""`` at EOF)."""
-        self._now = now
-        entry = self._http.get(request_id)
-        if entry is None:
-            return
-        address, parser, listlookup = entry
-        try:
-            answer = (feed_listlookup_response if listlookup else feed_lookup_response)(
-                parser, data
-            )
-        except LookupdError as exc:
-            self._http_error(request_id, exc)
-            return
-        if answer is None:
-            return
-        del self._http[request_id]
-        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
-        if isinstance(answer, LookupResult):
-            self._apply_lookup(address, answer, now)
-            return
-        new = [n.http_address for n in answer if n.http_address not in self._lookupd]
-        if new:
-            self._lookupd.extend(new)
-            self.poll_lookupd_now(now)
+    def _on_lookupd_added(self, now: float) -> None:
+        self.poll_lookupd_now(now)
 
-    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
-        """The adapter could not reach lookupd or the transfer broke."""
-        exc = LookupdError(f"lookupd request failed: {error}")
-        exc.__cause__ = error
-        self._http_error(request_id, exc)
-
-    def _http_error(self, request_id: int, error: NSQError) -> None:
-        entry = self._http.pop(request_id, None)
-        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
-        if entry is not None:
-            self._outputs.append(LookupFailed(entry[0], error))
+    def _on_lookup(
+        self, address: tuple[str, int], topic: str, result: LookupResult, now: float
+    ) -> None:
+        self._apply_lookup(address, result, now)
 
     def _apply_lookup(self, address: tuple[str, int], result: LookupResult, now: float) -> None:
         keys: list[str] = []
         if self._stopping:
             return
         meta = result.meta
-        if (meta is not None or result.partitions) and not self._cluster_seen:
-            self._cluster_seen = True
-            self._listlookup(now)
         if meta is not None and meta.ordered:
             self._ordered_required = True
         wanted = self.config.partitions

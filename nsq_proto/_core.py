@@ -5,13 +5,21 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from ._connection import Connection
-from ._errors import NSQError
-from ._events import ConnId
-from ._outputs import Output
-from ._timers import Timers
+from ._errors import LookupdError, NSQError
+from ._events import ConnId, LookupFailed
+from ._lookupd import (
+    HttpResponseParser,
+    LookupResult,
+    build_listlookup_request,
+    feed_listlookup_response,
+    feed_lookup_response,
+)
+from ._outputs import HttpRequest, Output
+from ._timers import TimerKind, Timers
 
 __all__ = ["ClientCore", "MultiConnectionCore"]
 
@@ -31,6 +39,14 @@ class ClientCore(Protocol):
     ) -> None: ...
     def http_data(self, request_id: int, data: bytes, now: float) -> None: ...
     def http_failed(self, request_id: int, error: BaseException, now: float) -> None: ...
+
+
+@dataclass(slots=True)
+class _HttpCall:
+    address: tuple[str, int]
+    parser: HttpResponseParser
+    #: the topic looked up; None for ``/listlookup``
+    topic: str | None
 
 
 class _HasConnection(Protocol):
@@ -55,6 +71,101 @@ class MultiConnectionCore(ABC, Generic[R]):
 
     def _after_input(self) -> None:
         """Called after bytes or a loss were fed in (the producer dispatches queued work)."""
+
+    # ------------------------------------------------------------------ lookupd HTTP
+
+    _lookupd: list[tuple[str, int]]
+    _seed_lookupd: list[tuple[str, int]]
+    _http: dict[int, _HttpCall]
+    _next_http_id: int
+    _http_timeout: float
+    _user_agent: str
+    _cluster_seen: bool
+
+    def _init_lookupd(
+        self, addresses: list[tuple[str, int]], timeout: float, user_agent: str | None
+    ) -> None:
+        self._lookupd = addresses
+        self._seed_lookupd = list(addresses)
+        self._http = {}
+        self._next_http_id = 1
+        self._http_timeout = timeout
+        self._user_agent = user_agent or "nsq_proto"
+        #: a lookup answered like the partitioned cluster: ask it for the other lookupd too
+        self._cluster_seen = False
+
+    def _http_request(self, address: tuple[str, int], data: bytes, topic: str | None) -> None:
+        rid = self._next_http_id
+        self._next_http_id += 1
+        self._http[rid] = _HttpCall(address, HttpResponseParser(), topic)
+        self._outputs.append(HttpRequest(rid, address[0], address[1], data, self._http_timeout))
+        self._timers.set((TimerKind.HTTP_TIMEOUT, rid), self._now + self._http_timeout)
+
+    def _listlookup(self) -> None:
+        """go-nsq (partitioned cluster): learn every lookupd of the cluster from the seeds."""
+        for host, port in self._seed_lookupd:
+            data = build_listlookup_request(host, port, user_agent=self._user_agent)
+            self._http_request((host, port), data, None)
+
+    def http_data(self, request_id: int, data: bytes, now: float) -> None:
+        """Bytes of a lookupd response (``b""`` at EOF)."""
+        self._now = now
+        call = self._http.get(request_id)
+        if call is None:
+            return
+        try:
+            answer = (
+                feed_listlookup_response(call.parser, data)
+                if call.topic is None
+                else feed_lookup_response(call.parser, data)
+            )
+        except LookupdError as exc:
+            self._http_error(request_id, exc)
+            return
+        if answer is None:
+            return
+        del self._http[request_id]
+        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+        if not isinstance(answer, LookupResult):
+            new = [n.http_address for n in answer if n.http_address not in self._lookupd]
+            if new:
+                self._lookupd.extend(new)
+                self._on_lookupd_added(now)
+            return
+        assert call.topic is not None
+        if (answer.meta is not None or answer.partitions) and not self._cluster_seen:
+            self._cluster_seen = True
+            self._listlookup()
+        self._on_lookup(call.address, call.topic, answer, now)
+
+    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
+        """The adapter could not reach lookupd or the transfer broke."""
+        self._now = now
+        exc = LookupdError(f"lookupd request failed: {error}")
+        exc.__cause__ = error
+        self._http_error(request_id, exc)
+
+    def _http_error(self, request_id: int, error: NSQError) -> None:
+        call = self._http.pop(request_id, None)
+        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+        if call is not None:
+            self._outputs.append(LookupFailed(call.address, error))
+            if call.topic is not None:
+                self._on_lookup_failed(call.topic)
+
+    def _looking_up(self, topic: str) -> bool:
+        return any(call.topic == topic for call in self._http.values())
+
+    def _on_lookup(
+        self, address: tuple[str, int], topic: str, result: LookupResult, now: float
+    ) -> None:
+        """A ``/lookup`` answered."""
+
+    def _on_lookup_failed(self, topic: str) -> None:
+        """A ``/lookup`` failed (the LookupFailed event is already queued)."""
+
+    def _on_lookupd_added(self, now: float) -> None:
+        """``/listlookup`` named lookupd not known before."""
 
     def _pump_all(self) -> None:
         # commands issued on a connection (RDY, FIN, ...) wait in its buffer until drained

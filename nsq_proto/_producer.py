@@ -27,21 +27,16 @@ from ._errors import ConnectionClosedError, LocalProtocolError, LookupdError, NS
 from ._events import (
     ConnectionClosed,
     ConnId,
-    LookupFailed,
     PublishFailed,
     PublishSucceeded,
     Ready,
 )
 from ._lookupd import (
-    HttpResponseParser,
     LookupResult,
-    build_listlookup_request,
     build_lookup_request,
-    feed_listlookup_response,
-    feed_lookup_response,
 )
 from ._names import check_topic
-from ._outputs import Connect, HttpRequest, Output
+from ._outputs import Connect, Output
 from ._partitioned import partition_for_key
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
@@ -155,8 +150,8 @@ class Producer(MultiConnectionCore[_PConn]):
     ) -> None:
         self.config = config if config is not None else ProducerConfig()
         self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
-        self._lookupd = [parse_address(a) for a in lookupd_http_addresses]
-        if not self._nsqd and not self._lookupd:
+        lookupd = [parse_address(a) for a in lookupd_http_addresses]
+        if not self._nsqd and not lookupd:
             raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
         self._rng = rng if rng is not None else random.Random()
         self._conn_config = self.config.connection_config()
@@ -167,15 +162,11 @@ class Producer(MultiConnectionCore[_PConn]):
         self._queue: deque[_Request] = deque()
         self._requests: dict[int, _Request] = {}
         self._routes: dict[str, _TopicRoute] = {}
-        self._lookups: dict[int, tuple[str, tuple[str, int], HttpResponseParser]] = {}
         self._lookup_pending: set[str] = set()
-        self._seed_lookupd = list(self._lookupd)
-        self._listlookups: dict[int, HttpResponseParser] = {}
-        self._cluster_seen = False
+        self._init_lookupd(lookupd, self.config.lookupd_poll_timeout, self.config.user_agent)
         self._reconnect_attempts: dict[tuple[tuple[str, int], int], int] = {}
         self._next_conn_id = 1
         self._next_request_id = 1
-        self._next_http_id = 1
         self._rr = 0
         self._now = 0.0
         self._started = False
@@ -202,7 +193,7 @@ class Producer(MultiConnectionCore[_PConn]):
                 self._open(address, slot)
             elif kind is TimerKind.HTTP_TIMEOUT:
                 assert isinstance(arg, int)
-                self._lookup_failed(arg, LookupdError("lookupd request timed out"))
+                self._http_error(arg, LookupdError("lookupd request timed out"))
             elif kind is TimerKind.LOOKUPD_POLL:
                 assert isinstance(arg, str)
                 self._lookup(arg)
@@ -522,96 +513,28 @@ class Producer(MultiConnectionCore[_PConn]):
             return
         self._lookup_pending.add(topic)
         for host, port in self._lookupd:
-            hid = self._next_http_id
-            self._next_http_id += 1
             data = build_lookup_request(
-                host,
-                port,
-                topic,
-                access="w",
-                metainfo=True,
-                user_agent=self.config.user_agent or "nsq_proto",
+                host, port, topic, access="w", metainfo=True, user_agent=self._user_agent
             )
-            self._lookups[hid] = (topic, (host, port), HttpResponseParser())
-            self._outputs.append(
-                HttpRequest(hid, host, port, data, self.config.lookupd_poll_timeout)
-            )
-            self._timers.set(
-                (TimerKind.HTTP_TIMEOUT, hid), self._now + self.config.lookupd_poll_timeout
-            )
+            self._http_request((host, port), data, topic)
 
-    def _listlookup(self) -> None:
-        """go-nsq (partitioned cluster): learn every lookupd of the cluster from the seeds."""
-        for host, port in self._seed_lookupd:
-            hid = self._next_http_id
-            self._next_http_id += 1
-            data = build_listlookup_request(
-                host, port, user_agent=self.config.user_agent or "nsq_proto"
-            )
-            self._listlookups[hid] = HttpResponseParser()
-            self._outputs.append(
-                HttpRequest(hid, host, port, data, self.config.lookupd_poll_timeout)
-            )
-
-    def http_data(self, request_id: int, data: bytes, now: float) -> None:
-        self._now = now
-        listing = self._listlookups.get(request_id)
-        if listing is not None:
-            try:
-                nodes = feed_listlookup_response(listing, data)
-            except LookupdError:
-                del self._listlookups[request_id]  # an older lookupd: keep the seeds
-                return
-            if nodes is not None:
-                del self._listlookups[request_id]
-                for node in nodes:
-                    if node.http_address not in self._lookupd:
-                        self._lookupd.append(node.http_address)
-            return
-        entry = self._lookups.get(request_id)
-        if entry is None:
-            return
-        topic, _, parser = entry
-        try:
-            result = feed_lookup_response(parser, data)
-        except LookupdError as exc:
-            self._lookup_failed(request_id, exc)
-            return
-        if result is None:
-            return
-        del self._lookups[request_id]
-        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
-        self._apply_lookup(topic, result)
-        self._dispatch()
-
-    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
-        self._now = now
-        if self._listlookups.pop(request_id, None) is not None:
-            return
-        exc = LookupdError(f"lookupd request failed: {error}")
-        exc.__cause__ = error
-        self._lookup_failed(request_id, exc)
-
-    def _lookup_failed(self, request_id: int, error: NSQError) -> None:
-        entry = self._lookups.pop(request_id, None)
-        self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
-        if entry is None:
-            return
-        topic, address, _ = entry
-        self._outputs.append(LookupFailed(address, error))
-        if not any(t == topic for t, _, _ in self._lookups.values()):
+    def _on_lookup_failed(self, topic: str) -> None:
+        if not self._looking_up(topic):
             self._lookup_pending.discard(topic)
             # try again a little later; waiting requests time out on their own deadline
             self._timers.set((TimerKind.LOOKUPD_POLL, topic), self._now + 1.0)
 
+    def _on_lookup(
+        self, address: tuple[str, int], topic: str, result: LookupResult, now: float
+    ) -> None:
+        self._apply_lookup(topic, result)
+        self._dispatch()
+
     def _apply_lookup(self, topic: str, result: LookupResult) -> None:
-        if not any(t == topic for t, _, _ in self._lookups.values()):
+        if not self._looking_up(topic):
             self._lookup_pending.discard(topic)
         meta = result.meta
         partitions = {pid: p.address for pid, p in result.partitions.items()}
-        if partitions and not self._cluster_seen:
-            self._cluster_seen = True
-            self._listlookup()
         old = self._routes.get(topic)
         if old is not None and old.partitions and not partitions:
             return  # keep what we know until an answer says something useful

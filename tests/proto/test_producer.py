@@ -196,3 +196,18 @@ def test_sharding_key_routes_to_the_partition_leader_and_relooks_up_on_not_leade
     assert sends(out)[connects["n1"]] == cmd.pub("orders", b"x", 1)
     core.receive_data(connects["n1"], response(b"OK"), 0.4)
     assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == [rid]
+
+
+def test_listlookup_after_a_partitioned_answer_and_its_timeout() -> None:
+    from nsq_proto import LookupFailed
+
+    core = Producer(ProducerConfig(lookupd_poll_timeout=2.0), lookupd_http_addresses=["l:4161"])
+    core.start(0.0)
+    core.publish("orders", b"x", 0.0, sharding_key="k")
+    (req,) = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    core.http_data(req.request_id, http_response(LOOKUP_W), 0.1)
+    (listing,) = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    assert listing.data.startswith(b"GET /listlookup HTTP/1.1\r\n")
+    core.handle_timer(2.1)  # the lookupd never answers /listlookup
+    failed = [o for o in core.outputs() if isinstance(o, LookupFailed)]
+    assert [f.address for f in failed] == [("l", 4161)]
