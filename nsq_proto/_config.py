@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ._errors import LocalProtocolError
 from ._frames import DEFAULT_MAX_FRAME_SIZE
 from ._version import __version__
 
-__all__ = ["ConfigError", "ConnectionConfig", "DEFAULT_USER_AGENT"]
+__all__ = ["ConfigError", "ConnectionConfig", "DEFAULT_USER_AGENT", "check_seconds"]
 
 DEFAULT_USER_AGENT = f"nsq_proto/{__version__}"
 
 
 class ConfigError(LocalProtocolError, ValueError):
     """A configuration value is out of range or of the wrong type."""
+
+
+def check_seconds(config: object, names: tuple[str, ...], *, positive: bool) -> None:
+    """Each named field is a finite number of seconds, > 0 (``positive``) or >= 0."""
+    for name in names:
+        value = getattr(config, name)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and (value > 0 if positive else value >= 0)
+        if not ok:
+            kind = "positive" if positive else "non-negative"
+            raise ConfigError(f"{name} must be a {kind} number of seconds, not {value!r}")
 
 
 def _ms(seconds: float) -> int:
@@ -84,6 +95,12 @@ class ConnectionConfig:
             raise ConfigError("max_frame_size must be at least 1024")
         if self.desired_tag is not None and len(self.desired_tag) > 100:
             raise ConfigError("desired_tag is at most 100 characters")
+
+    def connection_config(self, **changes: Any) -> ConnectionConfig:
+        """Just the connection settings of this (consumer or producer) configuration."""
+        values = {f.name: getattr(self, f.name) for f in fields(ConnectionConfig)}
+        values.update(changes)
+        return ConnectionConfig(**values)
 
     @property
     def effective_read_timeout(self) -> float | None:

@@ -11,13 +11,12 @@ Where go-nsq refines the client guide, this core does what go-nsq does; those pl
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from ._config import ConfigError, ConnectionConfig
+from ._config import ConfigError, ConnectionConfig, check_seconds
 from ._connection import Connection
 from ._core import MultiConnectionCore, reconnect_delay
 from ._errors import LocalProtocolError, LookupdError
@@ -112,38 +111,33 @@ class ConsumerConfig(ConnectionConfig):
             raise ConfigError(f"max_in_flight must be >= 0, not {self.max_in_flight}")
         if self.max_attempts < 0 or self.max_attempts > 65535:
             raise ConfigError(f"max_attempts must be 0..65535, not {self.max_attempts}")
-        for name in (
-            "default_requeue_delay",
-            "max_requeue_delay",
-            "backoff_multiplier",
-            "max_backoff_duration",
-            "lookupd_poll_interval",
-            "lookupd_poll_timeout",
-            "low_rdy_idle_timeout",
-            "low_rdy_timeout",
-            "rdy_redistribute_interval",
-            "dial_timeout",
-            "reconnect_delay",
-            "max_reconnect_delay",
-            "stop_timeout",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ConfigError(f"{name} must be a non-negative number of seconds, not {value!r}")
-        for name in ("lookupd_poll_interval", "rdy_redistribute_interval", "dial_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive")
+        check_seconds(
+            self,
+            (
+                "default_requeue_delay",
+                "max_requeue_delay",
+                "backoff_multiplier",
+                "max_backoff_duration",
+                "lookupd_poll_timeout",
+                "low_rdy_idle_timeout",
+                "low_rdy_timeout",
+                "reconnect_delay",
+                "max_reconnect_delay",
+                "stop_timeout",
+            ),
+            positive=False,
+        )
+        check_seconds(
+            self,
+            ("lookupd_poll_interval", "rdy_redistribute_interval", "dial_timeout"),
+            positive=True,
+        )
         for name in ("lookupd_poll_jitter", "reconnect_jitter"):
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 raise ConfigError(f"{name} must be 0..1, not {value!r}")
         if self.partitions is not None and any(p < 0 for p in self.partitions):
             raise ConfigError("partitions must be non-negative")
-
-    def connection_config(self, **changes: object) -> ConnectionConfig:
-        base = {f.name: getattr(self, f.name) for f in fields(ConnectionConfig)}
-        base.update(changes)
-        return ConnectionConfig(**base)
 
 
 @dataclass(slots=True)

@@ -11,15 +11,14 @@ server's cluster errors, which trigger a new lookup and a retry (as go-nsq does)
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import _commands as cmd
-from ._config import ConfigError, ConnectionConfig
+from ._config import ConfigError, ConnectionConfig, check_seconds
 from ._connection import Connection
 from ._consumer import parse_address
 from ._core import MultiConnectionCore, reconnect_delay
@@ -83,22 +82,20 @@ class ProducerConfig(ConnectionConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, not {value!r}")
-        for name in (
-            "publish_timeout",
-            "dial_timeout",
-            "reconnect_delay",
-            "max_reconnect_delay",
-            "lookupd_poll_timeout",
-            "lookupd_poll_interval",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"{name} must be a positive number of seconds, not {value!r}")
+        check_seconds(
+            self,
+            (
+                "publish_timeout",
+                "dial_timeout",
+                "reconnect_delay",
+                "max_reconnect_delay",
+                "lookupd_poll_timeout",
+                "lookupd_poll_interval",
+            ),
+            positive=True,
+        )
         if not 0 <= self.reconnect_jitter <= 1:
             raise ConfigError("reconnect_jitter must be 0..1")
-
-    def connection_config(self) -> ConnectionConfig:
-        return ConnectionConfig(**{f.name: getattr(self, f.name) for f in fields(ConnectionConfig)})
 
 
 @dataclass(slots=True)

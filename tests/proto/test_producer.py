@@ -211,3 +211,28 @@ def test_listlookup_after_a_partitioned_answer_and_its_timeout() -> None:
     core.handle_timer(2.1)  # the lookupd never answers /listlookup
     failed = [o for o in core.outputs() if isinstance(o, LookupFailed)]
     assert [f.address for f in failed] == [("l", 4161)]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"publish_timeout": 0},
+        {"dial_timeout": float("inf")},
+        {"reconnect_delay": True},
+        {"pool_size": 0},
+        {"max_outstanding": 1.5},
+        {"reconnect_jitter": 2.0},
+    ],
+)
+def test_invalid_producer_config(bad: dict[str, object]) -> None:
+    from nsq_proto import ConfigError
+
+    with pytest.raises(ConfigError):
+        ProducerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_connection_config_keeps_only_connection_settings() -> None:
+    config = ProducerConfig(snappy=True, pool_size=3, client_id="me")
+    conn = config.connection_config(extend_support=True)
+    assert type(conn).__name__ == "ConnectionConfig"
+    assert (conn.snappy, conn.client_id, conn.extend_support) == (True, "me", True)
