@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._names import is_valid_channel_name, is_valid_topic_name
+from .._names import is_valid_topic_name
 from ._http import HttpResponse, HttpServerConnection, go_response, respond_plain, respond_v1
-from ._nsqd_http import HttpError, _Request
+from ._nsqd_http import HttpError, _Request, topic_channel_args
 from ._options import PARTITIONED_VERSION, STANDARD_VERSION
 from ._util import go_json, http_date
 
@@ -402,21 +402,8 @@ class Lookupd:
         ]:
             del self._registrations[key]
 
-    def _topic_channel(self, req: _Request) -> tuple[str, str]:
-        topic = req.get("topic")
-        if topic is None:
-            raise HttpError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_topic_name(topic):
-            raise HttpError(400, "INVALID_ARG_TOPIC")
-        channel = req.get("channel")
-        if channel is None:
-            raise HttpError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_channel_name(channel):
-            raise HttpError(400, "INVALID_ARG_CHANNEL")
-        return topic, channel
-
     def _channel_create(self, req: _Request, now: float) -> None:
-        topic, channel = self._topic_channel(req)
+        topic, channel = topic_channel_args(req)
         if self.cluster is not None and topic in self.cluster.meta:
             self.cluster.create_channel(topic, channel, now)
             return
@@ -424,7 +411,7 @@ class Lookupd:
         self._registrations.setdefault(("topic", topic, ""), {})
 
     def _channel_delete(self, req: _Request, now: float) -> None:
-        topic, channel = self._topic_channel(req)
+        topic, channel = topic_channel_args(req)
         if self._registrations.pop(("channel", topic, channel), None) is None:
             raise HttpError(404, "CHANNEL_NOT_FOUND")
 

@@ -139,7 +139,8 @@ def _topic_from_query(nsqd: Nsqd, req: _Request, now: float) -> tuple[dict[str, 
     return params, nsqd._http_topic(names[0], now, partition)
 
 
-def _topic_channel_args(req: _Request) -> tuple[str, str]:
+def topic_channel_args(req: _Request) -> tuple[str, str]:
+    """The ``topic`` and ``channel`` query arguments, checked as nsqd and nsqlookupd do."""
     topic = req.get("topic")
     if topic is None:
         raise HttpError(400, "MISSING_ARG_TOPIC")
@@ -154,7 +155,7 @@ def _topic_channel_args(req: _Request) -> tuple[str, str]:
 
 
 def _existing_topic(nsqd: Nsqd, req: _Request) -> tuple[Topic, str]:
-    topic_name, channel_name = _topic_channel_args(req)
+    topic_name, channel_name = topic_channel_args(req)
     topic = nsqd._http_existing_topic(topic_name)
     if topic is None:
         raise HttpError(404, "TOPIC_NOT_FOUND")

@@ -341,19 +341,9 @@ class PartitionedConnection(NsqdConnection):
         nsqd = self._nsqd
         opts = nsqd.options
         _, topic, name, partition = yield from self._prepare_pub(params, opts.max_body_size, True)
-        count = yield from self._read_len(_fatal("E_BAD_BODY", "MPUB failed to read message count"))
-        if count <= 0 or count > (opts.max_body_size - 4) // 5:
-            raise _fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
-        items: list[tuple[bytes, int, int | None, bytes]] = []
-        for i in range(count):
-            msize = yield from self._read_len(
-                _fatal("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
-            )
-            if msize <= 0:
-                raise _fatal("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {msize}")
-            if msize > opts.max_msg_size:
-                raise _fatal("E_BAD_MESSAGE", f"MPUB message too big {msize} > {opts.max_msg_size}")
-            data = yield _Read(msize, _fatal("E_BAD_MESSAGE", "MPUB failed to read message body"))
+
+        def convert(i: int, data: bytes) -> tuple[bytes, int, int | None, bytes]:
+            msize = len(data)
             trace_id = 0
             ext_version: int | None = None
             ext_data = b""
@@ -383,7 +373,9 @@ class PartitionedConnection(NsqdConnection):
                         trace_id = _trace_id(value)
                     ext_version = 4
                 body = data[2 + json_len :]
-            items.append((body, trace_id, ext_version, ext_data))
+            return body, trace_id, ext_version, ext_data
+
+        items = yield from self._read_mpub_messages(convert)
         if not nsqd._is_leader(name, partition):
             raise _nonfatal(E_NOT_LEADER, "")
         first: StoredMessage | None = None

@@ -20,10 +20,10 @@ import json
 import struct
 import zlib
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from .._compress import DeflateCodec, SnappyCodec
 from .._errors import NSQError
@@ -97,6 +97,7 @@ _AWAIT_TLS: Final = _AwaitTLS()
 
 _Step = _Read | _AwaitTLS
 Proto = Generator[_Step, Any, Any]
+T = TypeVar("T")
 
 
 class _GoBufWriter:
@@ -695,6 +696,28 @@ class NsqdConnection:
         {b"IDENTIFY", b"AUTH", b"PUB", b"MPUB", b"DPUB"}
     )
 
+    def _read_mpub_messages(
+        self, convert: Callable[[int, bytes], T]
+    ) -> Generator[_Step, Any, list[T]]:
+        """MPUB's message count and messages, each checked as read and passed to ``convert``
+        (which may raise, leaving the rest of the batch unread as nsqd does)."""
+        opts = self._nsqd.options
+        count = yield from self._read_len(_fatal("E_BAD_BODY", "MPUB failed to read message count"))
+        if count <= 0 or count > (opts.max_body_size - 4) // 5:
+            raise _fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
+        items: list[T] = []
+        for i in range(count):
+            msize = yield from self._read_len(
+                _fatal("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
+            )
+            if msize <= 0:
+                raise _fatal("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {msize}")
+            if msize > opts.max_msg_size:
+                raise _fatal("E_BAD_MESSAGE", f"MPUB message too big {msize} > {opts.max_msg_size}")
+            data = yield _Read(msize, _fatal("E_BAD_MESSAGE", "MPUB failed to read message body"))
+            items.append(convert(i, data))
+        return items
+
     def _read_len(self, error: ClientError | None) -> Generator[_Step, Any, int]:
         data = yield _Read(4, error)
         value: int = _unpack_i32(data)[0]
@@ -1161,21 +1184,8 @@ class NsqdConnection:
             raise _fatal("E_BAD_BODY", f"MPUB invalid body size {size}")
         if size > opts.max_body_size:
             raise _fatal("E_BAD_BODY", f"MPUB body too big {size} > {opts.max_body_size}")
-        count = yield from self._read_len(_fatal("E_BAD_BODY", "MPUB failed to read message count"))
-        max_messages = (opts.max_body_size - 4) // 5
-        if count <= 0 or count > max_messages:
-            raise _fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
-        messages: list[StoredMessage] = []
-        for i in range(count):
-            msize = yield from self._read_len(
-                _fatal("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
-            )
-            if msize <= 0:
-                raise _fatal("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {msize}")
-            if msize > opts.max_msg_size:
-                raise _fatal("E_BAD_MESSAGE", f"MPUB message too big {msize} > {opts.max_msg_size}")
-            body = yield _Read(msize, _fatal("E_BAD_MESSAGE", "MPUB failed to read message body"))
-            messages.append(nsqd._new_message(topic, body, self._now))
+        bodies = yield from self._read_mpub_messages(lambda i, body: body)
+        messages = [nsqd._new_message(topic, body, self._now) for body in bodies]
         for msg in messages:
             nsqd._put(topic, msg, self._now)
         self._published(name, len(messages))
