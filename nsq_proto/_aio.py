@@ -376,22 +376,29 @@ class Driver:
 
 
 class _Inbox:
-    """Messages waiting for the application (RDY bounds how many)."""
+    """Messages waiting for the application (RDY bounds how many).
+
+    Any number of tasks may wait in :meth:`get` at once (``run(concurrency=N)`` has N
+    workers): each waits on its own event, ``put`` wakes one of them per message and
+    ``close`` wakes them all.
+    """
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._items: deque[AsyncMessage] = deque()
-        self._event = backend.event()
+        self._waiters: deque[EventLike] = deque()
         self.closed = False
         self._taken = 0
 
     def put(self, item: AsyncMessage) -> None:
         self._items.append(item)
-        self._event.set()
+        if self._waiters:
+            self._waiters.popleft().set()
 
     def close(self) -> None:
         self.closed = True
-        self._event.set()
+        while self._waiters:
+            self._waiters.popleft().set()
 
     def drain(self) -> list[AsyncMessage]:
         items = list(self._items)
@@ -408,8 +415,19 @@ class _Inbox:
         while not self._items:
             if self.closed:
                 return None
-            self._event = self._backend.event()
-            await self._event.wait()
+            event = self._backend.event()
+            self._waiters.append(event)
+            try:
+                await event.wait()
+            except BaseException:
+                if event.is_set():
+                    # woken for a message, then cancelled: hand the wake-up on
+                    if self._items and self._waiters:
+                        self._waiters.popleft().set()
+                else:
+                    with suppress(ValueError):
+                        self._waiters.remove(event)
+                raise
         return self._items.popleft()
 
 
@@ -621,9 +639,17 @@ class AsyncConsumer(_Client):
             # messages delivered but never handed to the application go back at once
             for message in self._inbox.drain():
                 message._responded = True
-                # a message that timed out and came back is in the inbox twice: requeue once
+                # a message that timed out and came back is in the inbox twice: only the
+                # newest copy's REQ is sent
                 with suppress(LocalProtocolError):
-                    self._core.requeue(message.conn_id, message.id, now, delay=0.0, backoff=False)
+                    self._core.requeue(
+                        message.conn_id,
+                        message.id,
+                        now,
+                        delay=0.0,
+                        backoff=False,
+                        attempts=message.attempts,
+                    )
             if requeue_unanswered:
                 # the pump task is cancelled with us: carry out the requeues and closes here
                 with backend.cancel_scope(deadline=now + 5.0, shield=True):
@@ -674,15 +700,22 @@ class AsyncConsumer(_Client):
         return AsyncMessage(self, conn_id, message, info[0], info[1])
 
     def _finish(self, message: AsyncMessage) -> None:
-        self._core.finish(message.conn_id, message.id, self._clock())
+        self._core.finish(message.conn_id, message.id, self._clock(), attempts=message.attempts)
         self._driver.wake()
 
     def _requeue(self, message: AsyncMessage, delay: float | None, backoff: bool) -> None:
-        self._core.requeue(message.conn_id, message.id, self._clock(), delay=delay, backoff=backoff)
+        self._core.requeue(
+            message.conn_id,
+            message.id,
+            self._clock(),
+            delay=delay,
+            backoff=backoff,
+            attempts=message.attempts,
+        )
         self._driver.wake()
 
     def _touch(self, message: AsyncMessage) -> None:
-        self._core.touch(message.conn_id, message.id, self._clock())
+        self._core.touch(message.conn_id, message.id, self._clock(), attempts=message.attempts)
         self._driver.wake()
 
     def __aiter__(self) -> AsyncIterator[Any]:

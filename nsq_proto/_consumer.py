@@ -152,7 +152,10 @@ class _Conn:
     remaining: int = 0
     last_msg_at: float = 0.0
     last_rdy_at: float = 0.0
+    #: message id -> its newest delivery on this connection
     in_flight: dict[bytes, Message] = field(default_factory=dict)
+    #: ids delivered again while an older delivery was still held -> deliveries unanswered
+    copies: dict[bytes, int] = field(default_factory=dict)
     ready_at: float | None = None
 
 
@@ -361,6 +364,10 @@ class Consumer(MultiConnectionCore[_Conn]):
                         rec.in_flight[message.id] = message
                     out.append(MessageGivenUp(rec.conn_id, message, finish))
                     continue
+                if message.id in rec.in_flight:
+                    # delivered again while a copy is held (msg_timeout passed, or the
+                    # partitioned server repeated an ordered message): the newest counts
+                    rec.copies[message.id] = rec.copies.get(message.id, 1) + 1
                 rec.in_flight[message.id] = message
                 out.append(item)
                 # go-nsq refreshes RDY when a message arrives (not only once it is answered),
@@ -415,6 +422,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         rec.rdy = 0
         # messages still held by the application come back from nsqd after msg_timeout
         rec.in_flight.clear()
+        rec.copies.clear()
         if self._stopping:
             self._check_stopped(now)
             return
@@ -645,25 +653,43 @@ class Consumer(MultiConnectionCore[_Conn]):
 
     # ------------------------------------------------------------------ message answers
 
-    def _take(self, conn_id: ConnId, msg_id: bytes) -> tuple[_Conn, Message] | None:
+    def _take(
+        self, conn_id: ConnId, msg_id: bytes, attempts: int | None
+    ) -> tuple[_Conn, Message, bool] | None:
+        """Take one delivery of ``msg_id`` off the connection's books: the connection, the
+        newest delivery, and whether the answer comes from an older (stale) copy."""
         rec = self._conns.get(conn_id)
         if rec is None:
             return None  # the connection is gone: nsqd will deliver the message again
         message = rec.in_flight.pop(msg_id, None)
         if message is None:
             raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
-        return rec, message
+        if rec.copies:
+            left = rec.copies.pop(msg_id, 0) - 1
+            if left > 0:
+                rec.in_flight[msg_id] = message  # another delivery is still unanswered
+                if left > 1:
+                    rec.copies[msg_id] = left
+        return rec, message, attempts is not None and attempts < message.attempts
 
-    def finish(self, conn_id: ConnId, msg_id: bytes, now: float) -> bool:
-        """FIN.  Returns False when the connection is gone (nsqd will redeliver)."""
+    def finish(
+        self, conn_id: ConnId, msg_id: bytes, now: float, *, attempts: int | None = None
+    ) -> bool:
+        """FIN.  Returns False when the connection is gone (nsqd will redeliver).
+
+        ``attempts`` names the delivery being answered: a message can be held twice when
+        nsqd delivered it again (its msg_timeout passed).  The FIN of an older copy is sent
+        all the same (the work is done; nsqd answers the non-fatal ``E_FIN_FAILED`` when it
+        had nothing to finish), as go-nsq does."""
         self._now = now
-        taken = self._take(conn_id, msg_id)
+        taken = self._take(conn_id, msg_id, attempts)
         if taken is None:
             return False
-        rec, _ = taken
+        rec, _, stale = taken
         self.messages_finished += 1
         rec.conn.finish(msg_id)
-        self._backoff_signal(True, now)
+        if not stale:
+            self._backoff_signal(True, now)
         self._after_answer(rec, now)
         return True
 
@@ -675,14 +701,21 @@ class Consumer(MultiConnectionCore[_Conn]):
         *,
         delay: float | None = None,
         backoff: bool = True,
+        attempts: int | None = None,
     ) -> bool:
         """REQ.  ``delay`` None grows with attempts (go-nsq: default_requeue_delay x attempts,
-        capped at max_requeue_delay).  ``backoff`` makes it count as a failure for backoff."""
+        capped at max_requeue_delay).  ``backoff`` makes it count as a failure for backoff.
+
+        The REQ of an older copy (``attempts`` below the newest delivery's) is not sent: it
+        would requeue the newer delivery, which the application is still processing."""
         self._now = now
-        taken = self._take(conn_id, msg_id)
+        taken = self._take(conn_id, msg_id, attempts)
         if taken is None:
             return False
-        rec, message = taken
+        rec, message, stale = taken
+        if stale:
+            self._after_answer(rec, now)
+            return True
         cfg = self.config
         if delay is None:
             delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
@@ -695,15 +728,20 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._after_answer(rec, now)
         return True
 
-    def touch(self, conn_id: ConnId, msg_id: bytes, now: float) -> bool:
-        """TOUCH (never automatic).  Returns False when the connection is gone."""
+    def touch(
+        self, conn_id: ConnId, msg_id: bytes, now: float, *, attempts: int | None = None
+    ) -> bool:
+        """TOUCH (never automatic).  Returns False when the connection is gone.  An older
+        copy's TOUCH (``attempts`` below the newest delivery's) is not sent."""
         self._now = now
         rec = self._conns.get(conn_id)
         if rec is None:
             return False
-        if msg_id not in rec.in_flight:
+        message = rec.in_flight.get(msg_id)
+        if message is None:
             raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
-        rec.conn.touch(msg_id)
+        if attempts is None or attempts >= message.attempts:
+            rec.conn.touch(msg_id)
         return True
 
     def _after_answer(self, rec: _Conn, now: float) -> None:
@@ -753,6 +791,7 @@ class Consumer(MultiConnectionCore[_Conn]):
 
     def _stop_timeout(self, now: float) -> None:
         for rec in list(self._conns.values()):
+            rec.copies.clear()
             for msg_id in list(rec.in_flight):
                 del rec.in_flight[msg_id]
                 if rec.conn.state in (_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT):

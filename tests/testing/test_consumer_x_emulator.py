@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from nsq_proto import Consumer, ConsumerConfig, Event, MessageReceived
+from nsq_proto import Consumer, ConsumerConfig, ErrorReceived, Event, MessageReceived
 from nsq_proto.testing import MemoryNetwork, Nsqd, NsqdOptions
 
 
@@ -43,20 +43,25 @@ class ConsumerAgainstNsqd(RuleBasedStateMachine):
             rng=random.Random(seed),
         )
         self.net.attach(self.consumer, self.on_event)
-        self.held: dict[tuple[int, bytes], bytes] = {}
+        #: every delivery the application holds, stale copies included
+        self.held: dict[tuple[int, bytes, int], bytes] = {}
         self.published: set[bytes] = set()
         self.finished: list[bytes] = []
         self.next = 0
         self.net.start()
 
     def on_event(self, event: Event) -> None:
+        if isinstance(event, ErrorReceived):
+            # only an answer to a copy nsqd no longer holds: never a fatal error
+            assert event.code in ("E_FIN_FAILED", "E_TOUCH_FAILED"), event
         if isinstance(event, MessageReceived):
             # the same id again on the same connection means msg_timeout expired and nsqd
-            # delivered it anew: the newer delivery replaces the stale one
-            key = (event.conn_id, event.message.id)
-            if key in self.held:
-                assert event.message.attempts > 1
-            self.held[key] = event.message.body
+            # delivered it anew while the application still holds the older copy: it keeps
+            # both, and answering either must be harmless
+            message = event.message
+            older = [k for k in self.held if k[:2] == (event.conn_id, message.id)]
+            assert all(k[2] < message.attempts for k in older)
+            self.held[(event.conn_id, message.id, message.attempts)] = message.body
 
     @rule(nsqd=st.integers(0, 2), count=st.integers(1, 5))
     def publish(self, nsqd: int, count: int) -> None:
@@ -75,11 +80,19 @@ class ConsumerAgainstNsqd(RuleBasedStateMachine):
     def answer(self, data: st.DataObject, ok: bool) -> None:
         key = data.draw(st.sampled_from(sorted(self.held)))
         body = self.held.pop(key)
+        conn_id, msg_id, attempts = key
         if ok:
-            if self.consumer.finish(key[0], key[1], self.net.now):
+            if self.consumer.finish(conn_id, msg_id, self.net.now, attempts=attempts):
                 self.finished.append(body)
         else:
-            self.consumer.requeue(key[0], key[1], self.net.now)
+            self.consumer.requeue(conn_id, msg_id, self.net.now, attempts=attempts)
+        self.net.run_until_idle()
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def touch(self, data: st.DataObject) -> None:
+        conn_id, msg_id, attempts = data.draw(st.sampled_from(sorted(self.held)))
+        self.consumer.touch(conn_id, msg_id, self.net.now, attempts=attempts)
         self.net.run_until_idle()
 
     @rule(seconds=st.sampled_from([0.2, 1.0, 5.0, 31.0]))
@@ -132,7 +145,7 @@ class ConsumerAgainstNsqd(RuleBasedStateMachine):
         for _ in range(200):
             for key, body in list(self.held.items()):
                 del self.held[key]
-                if self.consumer.finish(key[0], key[1], self.net.now):
+                if self.consumer.finish(key[0], key[1], self.net.now, attempts=key[2]):
                     self.finished.append(body)
             self.net.advance(2.0)
             self.forget_dead()
