@@ -46,6 +46,12 @@ class AnyioBackend:
         anyio.ClosedResourceError,
         anyio.EndOfStream,
     )
+    tls_errors: tuple[type[BaseException], ...] = (ssl.SSLError,)
+    transient_tls_errors: tuple[type[BaseException], ...] = (
+        ssl.SSLEOFError,
+        ssl.SSLZeroReturnError,
+        ssl.SSLSyscallError,
+    )
 
     def current_time(self) -> float:
         return anyio.current_time()

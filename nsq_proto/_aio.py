@@ -58,10 +58,26 @@ log = logging.getLogger("nsq")
 #: answers given by an application task without waiting are sent together; every this many
 #: messages taken without waiting, the consumer yields to the loop once anyway
 _CHECKPOINT_EVERY = 256
+#: how many recent errors a consumer keeps for inspection
+_KEEP_ERRORS = 100
 
 
 class TransportError(NSQError, ConnectionError):
-    """The network failed: refused, reset, timed out, TLS handshake failed."""
+    """The network failed: refused, reset, timed out, TLS handshake failed.
+
+    ``permanent`` is True when retrying will not help (the TLS handshake was refused: an
+    untrusted certificate, a name mismatch, no common protocol version)."""
+
+    def __init__(self, msg: str, *, permanent: bool = False) -> None:
+        super().__init__(msg)
+        self.permanent = permanent
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_transport_error, (str(self), self.permanent))
+
+
+def _transport_error(msg: str, permanent: bool) -> TransportError:
+    return TransportError(msg, permanent=permanent)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,6 +114,10 @@ class Backend(Protocol):
 
     #: exceptions that mean "this transport failed"
     io_errors: tuple[type[BaseException], ...]
+    #: TLS failures (anywhere in an exception's chain of causes) ...
+    tls_errors: tuple[type[BaseException], ...]
+    #: ... except these, which are the network's fault, not the handshake's
+    transient_tls_errors: tuple[type[BaseException], ...]
 
     def current_time(self) -> float: ...
     def clock(self) -> Callable[[], float]:
@@ -127,6 +147,7 @@ class Backend(Protocol):
 class _Link:
     conn_id: int
     host: str
+    port: int
     stream: Stream | None = None
     read_scope: ScopeLike | None = None
     upgrade: bool = False
@@ -200,7 +221,7 @@ class Driver:
             elif type(out) is Send:
                 await self._send(out.conn_id, out.data)
             elif isinstance(out, Connect):
-                link = _Link(out.conn_id, out.host)
+                link = _Link(out.conn_id, out.host, out.port)
                 self._links[out.conn_id] = link
                 assert self._tg is not None
                 self._tg.start_soon(self._connection, link, out.port, out.timeout)
@@ -284,7 +305,9 @@ class Driver:
             if link.stream is None or getattr(scope, "cancelled_caught", False):
                 raise TimeoutError(f"connecting to {link.host}:{port} timed out")
         except self._failures as exc:
-            await self._lost(link, exc)
+            error = TransportError(f"connecting to {link.host}:{port} failed: {exc}")
+            error.__cause__ = exc
+            await self._lost(link, error)
             return
         if link.closed:
             await self._shut(link)
@@ -336,7 +359,14 @@ class Driver:
                 link.stream, context, hostname if backend.ssl_check_hostname(context) else None
             )
         except backend.io_errors as exc:
-            await self._lost(link, exc)
+            tls = _find(exc, backend.tls_errors)
+            permanent = tls is not None and not isinstance(tls, backend.transient_tls_errors)
+            error = TransportError(
+                f"TLS handshake with {link.host}:{link.port} failed: {tls or exc}",
+                permanent=permanent,
+            )
+            error.__cause__ = exc
+            await self._lost(link, error)
             return False
         link.upgrade = False
         self.core.tls_established(link.conn_id, backend.current_time())
@@ -369,6 +399,18 @@ class Driver:
         except self._failures as exc:
             core.http_failed(req.request_id, exc, backend.current_time())
             self.wake()
+
+
+def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of ``kinds`` in ``exc``'s chain of causes and contexts."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 16:
+        if isinstance(current, kinds):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,8 +657,10 @@ class AsyncConsumer(_Client):
         self._inbox = _Inbox(backend)
         self._stopped = backend.event()
         self._conn_info: dict[int, tuple[str, int | None]] = {}
-        self.errors: list[ErrorReceived] = []
-        self.lookup_failures: list[LookupFailed] = []
+        #: the latest error frames, lookupd failures and connection failures (bounded)
+        self.errors: deque[ErrorReceived] = deque(maxlen=_KEEP_ERRORS)
+        self.lookup_failures: deque[LookupFailed] = deque(maxlen=_KEEP_ERRORS)
+        self.connection_errors: deque[BaseException] = deque(maxlen=_KEEP_ERRORS)
 
     async def __aenter__(self) -> Any:
         await self._enter()
@@ -683,7 +727,14 @@ class AsyncConsumer(_Client):
         elif isinstance(event, ConnectionClosed):
             self._conn_info.pop(event.conn_id, None)
             if event.error is not None:
-                log.warning("connection %d closed: %s", event.conn_id, event.error)
+                self.connection_errors.append(event.error)
+                cause = event.error.__cause__
+                log.warning(
+                    "connection %d closed: %s%s",
+                    event.conn_id,
+                    event.error,
+                    "" if cause is None or str(cause) in str(event.error) else f" ({cause})",
+                )
         elif isinstance(event, Stopped):
             self._stopped.set()
             self._inbox.close()
@@ -771,6 +822,7 @@ class AsyncConsumer(_Client):
             "messages_finished": core.messages_finished,
             "messages_requeued": core.messages_requeued,
             "messages_given_up": core.messages_given_up,
+            "last_error": str(self.connection_errors[-1]) if self.connection_errors else None,
             "connections": [
                 {
                     "conn_id": s.conn_id,

@@ -59,6 +59,8 @@ __all__ = ["Connection", "NON_FATAL_ERRORS", "parse_error_frame"]
 NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 _S = ConnectionState
+#: the text of a RemoteProtocolError raised for data no check of ours refused
+UNREADABLE = "unreadable data from nsqd"
 _MESSAGE = 2
 _ERROR = 1
 _CAN_RECEIVE_MESSAGES = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
@@ -198,6 +200,13 @@ class Connection:
         except RemoteProtocolError as exc:
             self._fail(exc, f"protocol error: {exc}")
             raise
+        except NSQError:
+            raise
+        except Exception as exc:
+            # a parser that missed a check must still fail this connection only, typed
+            error = RemoteProtocolError(f"{UNREADABLE}: {type(exc).__name__}: {exc}")
+            self._fail(error, f"protocol error: {error}")
+            raise error from exc
 
     # ------------------------------------------------------------------ frame handling
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 __all__ = [
     "NSQError",
     "ProtocolError",
@@ -14,11 +16,21 @@ __all__ = [
     "LookupdError",
     "ReadTimeout",
     "AuthRequired",
+    "PERMANENT_CODES",
+    "permanent_cause",
+    "fresh_copy",
 ]
 
 
 class NSQError(Exception):
-    """Root of every error raised by this library."""
+    """Root of every error raised by this library.
+
+    ``permanent`` is True for a failure that retrying the same way will not heal (a TLS
+    certificate nsqd's peer does not trust, TLS required but not configured, AUTH refused):
+    a producer fails its publishes at once instead of retrying them until they time out.
+    """
+
+    permanent: bool = False
 
 
 class ProtocolError(NSQError):
@@ -56,6 +68,10 @@ class ServerError(NSQError):
         self.code = code
         self.text = text
         self.fatal = fatal
+        self.permanent = code in PERMANENT_CODES or (code == "E_INVALID" and "TLS required" in text)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.code, self.text, self.fatal), self.__dict__)
 
 
 class ConnectionClosedError(NSQError):
@@ -72,3 +88,31 @@ class ReadTimeout(NSQError):
 
 class AuthRequired(NSQError):
     """nsqd requires AUTH and no secret is configured."""
+
+    permanent = True
+
+
+#: error codes after which reconnecting the same way fails the same way
+PERMANENT_CODES = frozenset({"E_AUTH_FAILED"})
+
+
+def permanent_cause(error: BaseException | None) -> NSQError | None:
+    """The permanent :class:`NSQError` in ``error`` or its chain of causes, if any."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, NSQError) and error.permanent:
+            return error
+        error = error.__cause__
+        seen += 1
+    return None
+
+
+def fresh_copy(error: NSQError) -> NSQError:
+    """A new instance of ``error`` with the same cause, to raise in one more task."""
+    try:
+        new = copy.copy(error)
+    except Exception:  # an exotic subclass: share the instance
+        return error
+    new.__cause__ = error.__cause__
+    new.__traceback__ = None
+    return new

@@ -66,9 +66,16 @@ _INT_KEYS = (
 _BOOL_KEYS = ("tls_v1", "snappy", "deflate", "auth_required")
 
 
+#: integers outside this range are refused (a server has no reason to send them, and the
+#: conversions to seconds would overflow)
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+
+
 def _decode_object(data: bytes, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
+    except RecursionError as exc:
+        raise RemoteProtocolError(f"{what} is JSON nested too deeply") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise RemoteProtocolError(f"{what} is not JSON: {data[:80]!r}") from exc
     if not isinstance(obj, dict):
@@ -77,14 +84,21 @@ def _decode_object(data: bytes, what: str) -> dict[str, Any]:
 
 
 def parse_identify_response(data: bytes) -> NegotiatedFeatures:
-    """Parse the response frame to IDENTIFY: ``OK`` or the JSON settings."""
+    """Parse the response frame to IDENTIFY: ``OK`` or the JSON settings.
+
+    A key that is absent or ``null`` takes its default; a value of the wrong type raises
+    :class:`RemoteProtocolError` (and nothing else does)."""
     if data == b"OK":
         return NegotiatedFeatures()
     obj = _decode_object(data, "IDENTIFY response")
     for key in _INT_KEYS:
         value = obj.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
             raise RemoteProtocolError(f"IDENTIFY response: {key} is not an integer: {value!r}")
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise RemoteProtocolError(f"IDENTIFY response: {key} is out of range")
     for key in _BOOL_KEYS:
         value = obj.get(key)
         if value is not None and not isinstance(value, bool):
@@ -93,7 +107,12 @@ def parse_identify_response(data: bytes) -> NegotiatedFeatures:
         value = obj.get(key)
         if value is not None and not isinstance(value, str):
             raise RemoteProtocolError(f"IDENTIFY response: {key} is not a string: {value!r}")
-    max_rdy = obj.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
+
+    def get(key: str, default: Any) -> Any:
+        value = obj.get(key)
+        return default if value is None else value
+
+    max_rdy: int = get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
     if max_rdy < 0:
         raise RemoteProtocolError(f"IDENTIFY response: negative max_rdy_count {max_rdy}")
 
@@ -106,13 +125,13 @@ def parse_identify_response(data: bytes) -> NegotiatedFeatures:
         version=obj.get("version"),
         max_msg_timeout=seconds("max_msg_timeout"),
         msg_timeout=seconds("msg_timeout"),
-        tls_v1=obj.get("tls_v1", False),
-        snappy=obj.get("snappy", False),
-        deflate=obj.get("deflate", False),
-        deflate_level=obj.get("deflate_level", 0),
+        tls_v1=get("tls_v1", False),
+        snappy=get("snappy", False),
+        deflate=get("deflate", False),
+        deflate_level=get("deflate_level", 0),
         max_deflate_level=obj.get("max_deflate_level"),
-        auth_required=obj.get("auth_required", False),
-        sample_rate=obj.get("sample_rate", 0),
+        auth_required=get("auth_required", False),
+        sample_rate=get("sample_rate", 0),
         output_buffer_size=obj.get("output_buffer_size"),
         output_buffer_timeout=seconds("output_buffer_timeout"),
         desired_tag=obj.get("desired_tag"),
@@ -130,9 +149,12 @@ class AuthResult:
 
 def parse_auth_response(data: bytes) -> AuthResult:
     obj = _decode_object(data, "AUTH response")
-    identity = obj.get("identity", "")
-    url = obj.get("identity_url", "")
-    count = obj.get("permission_count", 0)
+    identity = obj.get("identity")
+    url = obj.get("identity_url")
+    count = obj.get("permission_count")
+    identity = "" if identity is None else identity
+    url = "" if url is None else url
+    count = 0 if count is None else count
     if not isinstance(identity, str) or not isinstance(url, str):
         raise RemoteProtocolError("AUTH response: identity and identity_url must be strings")
     if isinstance(count, bool) or not isinstance(count, int):

@@ -22,7 +22,15 @@ from ._config import ConfigError, ConnectionConfig, check_seconds
 from ._connection import Connection
 from ._consumer import parse_address
 from ._core import MultiConnectionCore, reconnect_delay
-from ._errors import ConnectionClosedError, LocalProtocolError, LookupdError, NSQError, ServerError
+from ._errors import (
+    ConnectionClosedError,
+    LocalProtocolError,
+    LookupdError,
+    NSQError,
+    ServerError,
+    fresh_copy,
+    permanent_cause,
+)
 from ._events import (
     ConnectionClosed,
     ConnId,
@@ -169,6 +177,9 @@ class Producer(MultiConnectionCore[_PConn]):
         self._started = False
         self._closing = False
         self._last_error: NSQError | None = None
+        #: (address, slot) -> the permanent failure of its last connection (TLS refused,
+        #: AUTH failed, ...); cleared once a connection there is ready again
+        self._permanent: dict[tuple[tuple[str, int], int], NSQError] = {}
 
     # ------------------------------------------------------------------ outputs and time
 
@@ -243,10 +254,14 @@ class Producer(MultiConnectionCore[_PConn]):
             elif isinstance(item, Ready):
                 out.append(item)
                 self._reconnect_attempts.pop((rec.address, rec.slot), None)
+                self._permanent.pop((rec.address, rec.slot), None)
             elif isinstance(item, ConnectionClosed):
                 out.append(item)
                 if item.error is not None:
                     self._last_error = item.error
+                permanent = permanent_cause(item.error)
+                if permanent is not None:
+                    self._permanent[(rec.address, rec.slot)] = permanent
                 self._on_closed(rec)
             else:
                 out.append(item)
@@ -276,6 +291,17 @@ class Producer(MultiConnectionCore[_PConn]):
 
     def _wanted_address(self, address: tuple[str, int]) -> bool:
         return any(address in r.partitions.values() for r in self._routes.values())
+
+    def _broken(self) -> NSQError | None:
+        """A permanent failure, when every place a request could go has one."""
+        permanent = self._permanent
+        if not permanent:
+            return None
+        keys = {(a, slot) for a in self._nsqd for slot in range(self.config.pool_size)}
+        keys.update(self._slots)
+        if not keys or not keys <= permanent.keys():
+            return None
+        return next(reversed(permanent.values()))
 
     def _failed_on_connection(self, req: _Request, error: NSQError) -> None:
         retryable = not isinstance(error, ServerError) or error.code in _RETRY_CODES
@@ -479,6 +505,13 @@ class Producer(MultiConnectionCore[_PConn]):
 
     def _dispatch(self) -> None:
         queue = self._queue
+        if queue and self._permanent:
+            broken = self._broken()
+            if broken is not None:
+                # no retry will get through: fail now, with the cause, not at the deadline
+                for req in list(queue):
+                    self._fail(req, fresh_copy(broken))
+                return
         skipped: list[_Request] = []
         while queue:
             req = queue.popleft()

@@ -40,6 +40,12 @@ class TrioBackend:
         trio.BrokenResourceError,
         trio.ClosedResourceError,
     )
+    tls_errors: tuple[type[BaseException], ...] = (ssl.SSLError,)
+    transient_tls_errors: tuple[type[BaseException], ...] = (
+        ssl.SSLEOFError,
+        ssl.SSLZeroReturnError,
+        ssl.SSLSyscallError,
+    )
 
     def current_time(self) -> float:
         return trio.current_time()

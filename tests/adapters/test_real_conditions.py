@@ -3,14 +3,20 @@ handlers that await, many at once; redelivered messages; failures that retrying 
 
 from __future__ import annotations
 
+import ssl
 import time
+from contextlib import suppress
 from types import ModuleType
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
+import trustme
 
 from nsq_anyio._server import serve_emulator
+from nsq_proto import encode_frame
+from nsq_proto.testing import Authorization, AuthState, static_authorizer
 
 pytestmark = pytest.mark.anyio
 
@@ -109,3 +115,142 @@ async def test_a_handler_slower_than_msg_timeout_sees_a_redelivery_and_nothing_b
         assert stats.timeout_count == 3
         # nothing was requeued: the failing stale copy of c did not undo its newer delivery
         assert stats.requeue_count == 0
+
+
+def _tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a certificate for 127.0.0.1, and a client context that trusts it."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    return server_ctx, client_ctx
+
+
+async def test_an_untrusted_certificate_fails_publishes_at_once_with_the_cause(
+    lib: ModuleType,
+) -> None:
+    server_ctx, _ = _tls_pair()
+    async with serve_emulator(lookupd=False, tls_context=server_ctx) as cluster:
+        async with lib.Producer(
+            nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+            tls=ssl.create_default_context(),  # the system CAs: the test CA is not among them
+        ) as producer:
+            for _ in range(2):  # the pending publish, then a new one
+                started = time.monotonic()
+                with pytest.raises(lib.TransportError) as info:
+                    await producer.publish("t", b"x")
+                assert time.monotonic() - started < 3.0  # not the 30 s publish_timeout
+                assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+                assert isinstance(info.value.__cause__, ssl.SSLError) or isinstance(
+                    info.value.__cause__.__cause__, ssl.SSLError
+                )
+        with pytest.raises(KeyError):
+            cluster.nsqds[0].topic_stats("t")  # nothing was published
+
+
+async def test_tls_required_but_not_configured_fails_at_once(lib: ModuleType) -> None:
+    server_ctx, _ = _tls_pair()
+    async with serve_emulator(
+        lookupd=False, tls_context=server_ctx, nsqd_options={"tls_required": True}
+    ) as cluster:
+        async with lib.Producer(nsqd_tcp_addresses=cluster.nsqd_tcp_addresses) as producer:
+            for _ in range(2):
+                started = time.monotonic()
+                with pytest.raises(lib.ServerError) as info:
+                    await producer.publish("t", b"x")
+                assert time.monotonic() - started < 3.0
+                assert info.value.code == "E_INVALID" and "TLS required" in str(info.value)
+
+
+async def test_a_wrong_auth_secret_fails_at_once_and_is_never_logged(
+    lib: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    authorizer = static_authorizer(
+        {"good": AuthState(identity="u", authorizations=(Authorization(topic=".*"),))}
+    )
+    async with serve_emulator(lookupd=False, nsqd_options={"auth": authorizer}) as cluster:
+        addresses = cluster.nsqd_tcp_addresses
+        async with lib.Producer(nsqd_tcp_addresses=addresses, auth_secret="hunter2") as p:
+            for _ in range(2):
+                started = time.monotonic()
+                with pytest.raises(lib.ServerError) as info:
+                    await p.publish("t", b"x")
+                assert time.monotonic() - started < 3.0
+                assert info.value.code == "E_AUTH_FAILED"
+        async with lib.Consumer(
+            "t", "c", nsqd_tcp_addresses=addresses, auth_secret="hunter2", reconnect_delay=0.1
+        ) as consumer:
+            with anyio.fail_after(5):
+                while consumer.stats()["last_error"] is None:
+                    await anyio.sleep(0.05)
+            assert "E_AUTH_FAILED" in consumer.stats()["last_error"]
+    assert "hunter2" not in caplog.text
+
+
+async def test_a_consumer_reports_a_tls_failure_and_keeps_retrying(lib: ModuleType) -> None:
+    server_ctx, _ = _tls_pair()
+    async with serve_emulator(lookupd=False, tls_context=server_ctx) as cluster:
+        async with lib.Consumer(
+            "t",
+            "c",
+            nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+            tls=ssl.create_default_context(),
+            reconnect_delay=0.1,
+            reconnect_jitter=0.0,
+        ) as consumer:
+            with anyio.fail_after(5):
+                while len(consumer.connection_errors) < 3:
+                    await anyio.sleep(0.05)
+            assert "CERTIFICATE_VERIFY_FAILED" in consumer.stats()["last_error"]
+            assert all(isinstance(e, lib.NSQError) for e in consumer.connection_errors)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"[" * 100_000,
+        b'{"max_rdy_count": "many", "version": "1.3.0"}',
+        b'{"deflate": true, "deflate_level": [6]}',
+        b'{"max_msg_timeout": 1' + b"0" * 400 + b"}",
+        b"\xff\xfe{",
+    ],
+    ids=["deep", "rdy-type", "level-type", "huge", "garbage"],
+)
+async def test_a_hostile_handshake_fails_its_connection_only(
+    lib: ModuleType, answer: bytes
+) -> None:
+    async def hostile(client: Any) -> None:
+        async with client:
+            with anyio.move_on_after(5), suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await client.receive()  # magic and IDENTIFY
+                await client.send(encode_frame(0, answer))
+                while await client.receive():
+                    pass
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as server_tg:
+        server_tg.start_soon(listener.serve, hostile)
+        async with serve_emulator(lookupd=False) as cluster:
+            good = cluster.nsqd_tcp_addresses[0]
+            async with lib.Producer(nsqd_tcp_addresses=[good]) as producer:
+                await producer.publish("t", b"fine")
+            async with lib.Consumer(
+                "t",
+                "c",
+                nsqd_tcp_addresses=[f"127.0.0.1:{port}", good],
+                deflate=True,
+                reconnect_delay=0.2,
+            ) as consumer:
+                with anyio.fail_after(TIMEOUT):
+                    async for message in consumer:
+                        await message.finish()
+                        break
+                    while not consumer.connection_errors:
+                        await anyio.sleep(0.05)
+                assert message.body == b"fine"
+                assert all(
+                    isinstance(e, lib.RemoteProtocolError) for e in consumer.connection_errors
+                )
+        server_tg.cancel_scope.cancel()
