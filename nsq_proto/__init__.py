@@ -19,6 +19,7 @@ from ._consumer import parse_address as parse_address
 from ._errors import AuthRequired as AuthRequired
 from ._errors import ConnectionClosedError as ConnectionClosedError
 from ._errors import FrameTooLarge as FrameTooLarge
+from ._errors import HandshakeTimeout as HandshakeTimeout
 from ._errors import InvalidName as InvalidName
 from ._errors import LocalProtocolError as LocalProtocolError
 from ._errors import LookupdError as LookupdError
@@ -114,6 +115,7 @@ __all__ = [
     "Event",
     "FrameDecoder",
     "FrameTooLarge",
+    "HandshakeTimeout",
     "FrameType",
     "HeartbeatReceived",
     "InvalidName",

@@ -354,20 +354,29 @@ class Driver:
             self._ssl_context if self._ssl_context is not None else backend.default_ssl_context()
         )
         hostname = self._tls_hostname or link.host
-        try:
-            link.stream = await backend.start_tls(
-                link.stream, context, hostname if backend.ssl_check_hostname(context) else None
-            )
-        except backend.io_errors as exc:
-            tls = _find(exc, backend.tls_errors)
-            permanent = tls is not None and not isinstance(tls, backend.transient_tls_errors)
-            error = TransportError(
-                f"TLS handshake with {link.host}:{link.port} failed: {tls or exc}",
-                permanent=permanent,
-            )
-            error.__cause__ = exc
-            await self._lost(link, error)
-            return False
+        upgraded: Stream | None = None
+        # cancellable like a read: the core closes a link whose handshake takes too long
+        with backend.cancel_scope() as scope:
+            link.read_scope = scope
+            try:
+                upgraded = await backend.start_tls(
+                    link.stream, context, hostname if backend.ssl_check_hostname(context) else None
+                )
+            except backend.io_errors as exc:
+                link.read_scope = None
+                tls = _find(exc, backend.tls_errors)
+                permanent = tls is not None and not isinstance(tls, backend.transient_tls_errors)
+                error = TransportError(
+                    f"TLS handshake with {link.host}:{link.port} failed: {tls or exc}",
+                    permanent=permanent,
+                )
+                error.__cause__ = exc
+                await self._lost(link, error)
+                return False
+            link.read_scope = None
+        if upgraded is None:
+            return False  # closed meanwhile
+        link.stream = upgraded
         link.upgrade = False
         self.core.tls_established(link.conn_id, backend.current_time())
         pending, link.pending = link.pending, []

@@ -50,6 +50,9 @@ class ConnectionConfig:
     heartbeat_interval: float | None = 30.0
     #: close the connection after this long without any byte from nsqd; None: two heartbeats
     read_timeout: float | None = None
+    #: the handshake (IDENTIFY, TLS, compression, AUTH) must be over this long after the TCP
+    #: connection is up: a frozen nsqd (SIGSTOP) accepts connections and then says nothing
+    handshake_timeout: float = 10.0
     tls_v1: bool = False
     snappy: bool = False
     deflate: bool = False
@@ -74,6 +77,9 @@ class ConnectionConfig:
         rt = self.read_timeout
         if rt is not None and not (rt > 0 and math.isfinite(rt)):
             raise ConfigError(f"read_timeout must be a positive number of seconds, not {rt!r}")
+        ht = self.handshake_timeout
+        if isinstance(ht, bool) or not isinstance(ht, int | float) or not (0 < ht < math.inf):
+            raise ConfigError(f"handshake_timeout must be a positive number of seconds, not {ht!r}")
         if rt is not None and hb is not None and rt <= hb:
             raise ConfigError("read_timeout must be longer than heartbeat_interval")
         if self.snappy and self.deflate:

@@ -23,6 +23,7 @@ from ._config import ConnectionConfig
 from ._errors import (
     AuthRequired,
     ConnectionClosedError,
+    HandshakeTimeout,
     LocalProtocolError,
     NSQError,
     ReadTimeout,
@@ -102,6 +103,7 @@ class Connection:
         self._pending: deque[tuple[int, int]] = deque()
         self._next_request_id = 1
         self._read_deadline: float | None = None
+        self._handshake_deadline: float | None = None
         self._switched: bytes | None = None
 
     # ------------------------------------------------------------------ outputs
@@ -141,10 +143,25 @@ class Connection:
 
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` must next be called (None: no timer)."""
-        return self._read_deadline
+        read = self._read_deadline
+        handshake = self._handshake_deadline
+        if handshake is None or (read is not None and read < handshake):
+            return read
+        return handshake
 
     def handle_timer(self, now: float) -> None:
         """Fire what is due at ``now``; calling early does nothing."""
+        handshake = self._handshake_deadline
+        if handshake is not None and now >= handshake and self.state is not _S.CLOSED:
+            limit = self.config.handshake_timeout
+            self._fail(
+                HandshakeTimeout(
+                    f"nsqd did not complete the handshake within {limit} s "
+                    f"(stuck in {self.state.value})"
+                ),
+                "handshake timeout",
+            )
+            return
         deadline = self._read_deadline
         if deadline is not None and now >= deadline and self.state is not _S.CLOSED:
             timeout = self.config.effective_read_timeout
@@ -163,6 +180,7 @@ class Connection:
         self._send(cmd.MAGIC_V2 + cmd.identify(self.config.identify_body()))
         self.state = _S.IDENTIFYING
         self._touch_read_deadline(now)
+        self._handshake_deadline = now + self.config.handshake_timeout
 
     def tls_established(self, now: float) -> None:
         """The adapter finished the TLS handshake asked for by :class:`StartTLS`."""
@@ -325,6 +343,7 @@ class Connection:
 
     def _ready(self) -> None:
         self.state = _S.READY
+        self._handshake_deadline = None
         features = self.features
         assert features is not None
         if features.partitioned:
@@ -378,6 +397,7 @@ class Connection:
     def _finish(self, reason: str, error: NSQError | None, *, send_close: bool) -> None:
         self.state = _S.CLOSED
         self._read_deadline = None
+        self._handshake_deadline = None
         self._wbuf.clear()  # nothing more goes out on a finished connection
         first = True
         while self._pending:

@@ -86,13 +86,17 @@ class ConsumerConfig(ConnectionConfig):
     lookupd_poll_interval: float = 60.0
     lookupd_poll_jitter: float = 0.3
     lookupd_poll_timeout: float = 60.0
+    #: after losing a connection found through lookupd, ask lookupd again this soon (go-nsq
+    #: asks at once); doubled while the nsqd stays away, up to lookupd_poll_interval, so a
+    #: flapping nsqd cannot make the consumer ask more than once a this-long
+    lookupd_recheck_delay: float = 1.0
     low_rdy_idle_timeout: float = 10.0
     low_rdy_timeout: float = 30.0
     rdy_redistribute_interval: float = 5.0
     dial_timeout: float = 1.0
     #: reconnect delay for a fixed nsqd list: 8 s, 16 s, 32 s ... up to the maximum, jittered
     reconnect_delay: float = 8.0
-    max_reconnect_delay: float = 120.0
+    max_reconnect_delay: float = 30.0
     reconnect_jitter: float = 0.2
     #: a graceful stop requeues what the application has not answered after this long
     stop_timeout: float = 30.0
@@ -129,7 +133,12 @@ class ConsumerConfig(ConnectionConfig):
         )
         check_seconds(
             self,
-            ("lookupd_poll_interval", "rdy_redistribute_interval", "dial_timeout"),
+            (
+                "lookupd_poll_interval",
+                "lookupd_recheck_delay",
+                "rdy_redistribute_interval",
+                "dial_timeout",
+            ),
             positive=True,
         )
         for name in ("lookupd_poll_jitter", "reconnect_jitter"):
@@ -199,6 +208,9 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._next_conn_id = 1
         self._init_lookupd(lookupd, self.config.lookupd_poll_timeout, self.config.user_agent)
         self._reconnect_attempts: dict[str, int] = {}
+        #: connections found through lookupd that were lost and have not come back
+        self._lost_keys: set[str] = set()
+        self._recheck_attempt = 0
         self._max_in_flight = self.config.max_in_flight
         self._total_rdy = 0
         self._backoff_level = 0
@@ -222,6 +234,8 @@ class Consumer(MultiConnectionCore[_Conn]):
         for kind, arg in self._timers.pop_due(now):
             if kind is TimerKind.LOOKUPD_POLL:
                 self._poll(now)
+            elif kind is TimerKind.LOOKUPD_RECHECK:
+                self._recheck(now)
             elif kind is TimerKind.HTTP_TIMEOUT:
                 assert isinstance(arg, int)
                 self._http_error(arg, LookupdError("lookupd request timed out"))
@@ -263,6 +277,13 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._stopping:
             return
         cfg = self.config
+        self._query_lookupd()
+        # the guide: jitter each poll by a random share of the interval
+        interval = cfg.lookupd_poll_interval
+        jitter = self._rng.random() * cfg.lookupd_poll_jitter * interval
+        self._timers.set((TimerKind.LOOKUPD_POLL, None), now + interval + jitter)
+
+    def _query_lookupd(self) -> None:
         for host, port in self._lookupd:
             data = build_lookup_request(
                 host, port, self.topic, access="r", metainfo=True, user_agent=self._user_agent
@@ -270,10 +291,32 @@ class Consumer(MultiConnectionCore[_Conn]):
             self._http_request((host, port), data, self.topic)
         if self._cluster_seen:
             self._listlookup()
-        # the guide: jitter each poll by a random share of the interval
-        interval = cfg.lookupd_poll_interval
-        jitter = self._rng.random() * cfg.lookupd_poll_jitter * interval
-        self._timers.set((TimerKind.LOOKUPD_POLL, None), now + interval + jitter)
+
+    def _schedule_recheck(self, now: float) -> None:
+        """Ask lookupd again after a loss: at ``lookupd_recheck_delay``, doubling while the
+        lost nsqd stay away; once that reaches the poll interval, the regular polls go on."""
+        key = (TimerKind.LOOKUPD_RECHECK, None)
+        if key in self._timers:
+            return  # one recheck at a time: a flapping nsqd cannot speed it up
+        cfg = self.config
+        delay = cfg.lookupd_recheck_delay * 2.0**self._recheck_attempt
+        if delay >= cfg.lookupd_poll_interval:
+            self._lost_keys.clear()
+            self._recheck_attempt = 0
+            return
+        jitter = self._rng.random() * cfg.lookupd_poll_jitter * delay
+        self._timers.set(key, now + delay + jitter)
+
+    def _recheck(self, now: float) -> None:
+        if self._stopping:
+            return
+        self._lost_keys.difference_update(self._by_key)  # connecting again, or connected
+        if not self._lost_keys:
+            self._recheck_attempt = 0
+            return
+        self._query_lookupd()
+        self._recheck_attempt += 1
+        self._schedule_recheck(now)
 
     def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
         """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
@@ -427,9 +470,11 @@ class Consumer(MultiConnectionCore[_Conn]):
             self._check_stopped(now)
             return
         self._need_redistribute = True
-        if self._lookupd:
-            # the guide: with lookupd, reconnect only if a later poll still lists it
-            pass
+        if self._lookupd and rec.address not in self._nsqd:
+            # the guide: with lookupd, reconnect only if lookupd still lists it; go-nsq asks
+            # lookupd again right after a close rather than waiting for the next poll
+            self._lost_keys.add(rec.key)
+            self._schedule_recheck(now)
         elif rec.address in self._nsqd:
             attempt = self._reconnect_attempts.get(rec.key, 0) + 1
             self._reconnect_attempts[rec.key] = attempt
@@ -772,6 +817,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             return
         self._stopping = True
         self._timers.cancel_kind(TimerKind.LOOKUPD_POLL)
+        self._timers.cancel_kind(TimerKind.LOOKUPD_RECHECK)
         self._timers.cancel_kind(TimerKind.RECONNECT)
         self._timers.cancel_kind(TimerKind.BACKOFF_END)
         self._timers.cancel_kind(TimerKind.RDY_REDISTRIBUTE)

@@ -15,6 +15,7 @@ __all__ = [
     "ConnectionClosedError",
     "LookupdError",
     "ReadTimeout",
+    "HandshakeTimeout",
     "AuthRequired",
     "PERMANENT_CODES",
     "permanent_cause",
@@ -84,6 +85,10 @@ class LookupdError(NSQError):
 
 class ReadTimeout(NSQError):
     """Nothing was read from the server within the read timeout (heartbeats included)."""
+
+
+class HandshakeTimeout(ReadTimeout):
+    """nsqd accepted the connection but did not complete the handshake in time."""
 
 
 class AuthRequired(NSQError):

@@ -14,6 +14,8 @@ class TimerKind(Enum):
 
     #: poll every lookupd again
     LOOKUPD_POLL = "LOOKUPD_POLL"
+    #: ask lookupd again soon after a connection was lost (consumer)
+    LOOKUPD_RECHECK = "LOOKUPD_RECHECK"
     #: a lookupd HTTP request took too long
     HTTP_TIMEOUT = "HTTP_TIMEOUT"
     #: reconnect to an nsqd of the fixed list

@@ -81,6 +81,8 @@ class Lookupd:
         self.wall_clock_offset = wall_clock_offset
         self.cluster: Cluster | None = None
         self.running = True
+        #: HTTP requests answered (to check how hard clients poll)
+        self.request_count = 0
         self._registrations: dict[_Key, dict[str, Peer]] = {}
         self._peers: dict[str, Peer] = {}
         self._by_nsqd: dict[int, Peer] = {}
@@ -216,6 +218,7 @@ class Lookupd:
         """Answer one HTTP request on nsqlookupd's HTTP port."""
         if not self.running:
             raise ConnectionRefusedError("nsqlookupd is stopped")
+        self.request_count += 1
         if now is not None:
             self._now = max(self._now, now)
         date = None if now is None else http_date(self.wall_clock_offset + now)

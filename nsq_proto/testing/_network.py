@@ -54,6 +54,8 @@ class MemoryNetwork:
         self.lookupds: dict[tuple[str, int], Lookupd] = {}
         self.clusters: list[Cluster] = []
         self._clients: list[_Attached] = []
+        #: frozen nsqd -> what reached their connections meanwhile (bytes, or None: closed)
+        self._frozen: dict[Nsqd, list[tuple[NsqdConnection, bytes | None]]] = {}
 
     # ------------------------------------------------------------------ topology
 
@@ -98,6 +100,25 @@ class MemoryNetwork:
                 return events
         raise KeyError("that core is not attached")
 
+    def freeze(self, nsqd: Nsqd) -> None:
+        """Stop ``nsqd`` as SIGSTOP does: connections are still accepted (the kernel does
+        that), but nothing is read, answered or timed until :meth:`thaw`."""
+        self._frozen.setdefault(nsqd, [])
+
+    def thaw(self, nsqd: Nsqd) -> None:
+        """Resume a frozen nsqd (SIGCONT): it reads what arrived meanwhile, in order."""
+        held = self._frozen.pop(nsqd, [])
+        for server, data in held:
+            if data is None:
+                server.connection_lost(self.now)
+            else:
+                server.receive_data(data, self.now)
+        nsqd.handle_timer(self.now)
+        self.run_until_idle()
+
+    def _is_frozen(self, server: NsqdConnection) -> bool:
+        return server._nsqd in self._frozen
+
     # ------------------------------------------------------------------ running
 
     def run_until_idle(self) -> None:
@@ -126,7 +147,7 @@ class MemoryNetwork:
 
     def next_deadline(self) -> float | None:
         deadlines = [c.core.next_deadline() for c in self._clients]
-        deadlines += [n.next_deadline() for n in self._servers()]
+        deadlines += [n.next_deadline() for n in self._servers() if n not in self._frozen]
         return min((d for d in deadlines if d is not None), default=None)
 
     def _servers(self) -> list[Nsqd]:
@@ -135,7 +156,8 @@ class MemoryNetwork:
     def _fire_timers(self) -> None:
         now = self.now
         for nsqd in self._servers():
-            nsqd.handle_timer(now)
+            if nsqd not in self._frozen:
+                nsqd.handle_timer(now)
         for client in self._clients:
             client.core.handle_timer(now)
 
@@ -146,6 +168,8 @@ class MemoryNetwork:
                 moved = True
                 self._carry_out(client, out)
             for conn_id, server in list(client.links.items()):
+                if self._frozen and self._is_frozen(server):
+                    continue
                 data = server.data_to_send()
                 if data:
                     moved = True
@@ -171,7 +195,10 @@ class MemoryNetwork:
         elif type(out) is Send:
             server = client.links.get(out.conn_id)
             if server is not None:
-                server.receive_data(out.data, now)
+                if self._frozen and self._is_frozen(server):
+                    self._frozen[server._nsqd].append((server, out.data))
+                else:
+                    server.receive_data(out.data, now)
         elif isinstance(out, Connect):
             nsqd = self.nsqds.get((out.host, out.port))
             try:
@@ -187,7 +214,10 @@ class MemoryNetwork:
         elif isinstance(out, Close):
             server = client.links.pop(out.conn_id, None)
             if server is not None:
-                server.connection_lost(now)
+                if self._frozen and self._is_frozen(server):
+                    self._frozen[server._nsqd].append((server, None))
+                else:
+                    server.connection_lost(now)
         elif isinstance(out, HttpRequest):
             self._http(core, out)
 

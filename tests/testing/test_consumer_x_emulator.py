@@ -52,8 +52,8 @@ class ConsumerAgainstNsqd(RuleBasedStateMachine):
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, ErrorReceived):
-            # only an answer to a copy nsqd no longer holds: never a fatal error
-            assert event.code in ("E_FIN_FAILED", "E_TOUCH_FAILED"), event
+            # only an answer to a copy nsqd no longer holds (timed out): never a fatal error
+            assert event.code in ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"), event
         if isinstance(event, MessageReceived):
             # the same id again on the same connection means msg_timeout expired and nsqd
             # delivered it anew while the application still holds the older copy: it keeps
