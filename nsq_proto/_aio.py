@@ -664,6 +664,7 @@ class AsyncConsumer(_Client):
         )
         self._on_give_up = on_give_up
         self._inbox = _Inbox(backend)
+        self._closing = False
         self._stopped = backend.event()
         self._conn_info: dict[int, tuple[str, int | None]] = {}
         #: the latest error frames, lookupd failures and connection failures (bounded)
@@ -679,6 +680,9 @@ class AsyncConsumer(_Client):
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         cancelled = isinstance(exc_info[1], self._backend.cancelled_exc_class())
+        # the block is over: nothing takes messages from the inbox any more, so those still
+        # on their way (sent by nsqd before it read our CLS) go back at once
+        self._closing = True
         await self._stop(requeue_unanswered=cancelled)
         with self._backend.cancel_scope(shield=True):
             await self._driver.aclose()
@@ -720,6 +724,18 @@ class AsyncConsumer(_Client):
 
     def _on_event(self, event: Event) -> None:
         if type(event) is MessageReceived:
+            if self._closing:
+                message = event.message
+                with suppress(LocalProtocolError):
+                    self._core.requeue(
+                        event.conn_id,
+                        message.id,
+                        self._backend.current_time(),
+                        delay=0.0,
+                        backoff=False,
+                        attempts=message.attempts,
+                    )
+                return
             self._inbox.put(self._wrap(event.conn_id, event.message))
         elif isinstance(event, MessageGivenUp):
             message = self._wrap(event.conn_id, event.message)
@@ -803,6 +819,14 @@ class AsyncConsumer(_Client):
         while (message := await inbox.get()) is not None:
             try:
                 await handler(message)
+            except self._backend.cancelled_exc_class():
+                # run() was cancelled mid-handler: the message goes back at once, so that a
+                # stop does not wait stop_timeout for an answer that cannot come
+                if not message.has_responded:
+                    message._responded = True
+                    with suppress(NSQError):
+                        self._requeue(message, 0.0, False)
+                raise
             except Exception:
                 log.exception("handler failed for message %r", message.id)
                 if not message.has_responded:

@@ -550,10 +550,16 @@ class Nsqd:
         for conn in list(self._conns.values()):
             conn.drop(now)
 
-    def stop(self, now: float, *, lose_messages: bool = False) -> None:
+    def stop(
+        self, now: float, *, lose_messages: bool = False, lose_in_flight: bool = False
+    ) -> None:
         """Stop the process: every connection is closed (pending output lost), ephemeral
         topics and channels vanish, and unless ``lose_messages`` the in-flight and deferred
-        messages are kept as queued messages, as nsqd persists them on a clean shutdown."""
+        messages are kept as queued messages, as nsqd persists them on a clean shutdown.
+
+        A kill -9 loses what nsqd held in memory: every message with ``lose_messages`` (the
+        default in-memory queue), only the in-flight and deferred ones with
+        ``lose_in_flight`` (``--mem-queue-size=0``: the queue is on disk)."""
         self._begin(now)
         try:
             for conn in list(self._conns.values()):
@@ -572,6 +578,8 @@ class Nsqd:
                         continue
                     if lose_messages:
                         channel.empty()
+                    elif lose_in_flight:
+                        channel.drop_in_memory()
                     else:
                         channel.flush_to_queue()
                 if lose_messages:

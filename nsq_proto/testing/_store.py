@@ -322,6 +322,14 @@ class Channel:
         self._in_flight_heap.clear()
         self._deferred_heap.clear()
 
+    def drop_in_memory(self) -> None:
+        """What a kill -9 of an nsqd whose queue lives on disk (``--mem-queue-size=0``) loses:
+        the in-flight and deferred messages, which only its memory held."""
+        self.in_flight.clear()
+        self.deferred.clear()
+        self._in_flight_heap.clear()
+        self._deferred_heap.clear()
+
     def flush_to_queue(self) -> None:
         """What nsqd persists on a clean shutdown: in-flight and deferred go back to the queue."""
         for entry in sorted(self.in_flight.values(), key=lambda e: e.token):
