@@ -725,15 +725,15 @@ class AsyncConsumer(_Client):
     def _on_event(self, event: Event) -> None:
         if type(event) is MessageReceived:
             if self._closing:
-                message = event.message
+                late = event.message
                 with suppress(LocalProtocolError):
                     self._core.requeue(
                         event.conn_id,
-                        message.id,
+                        late.id,
                         self._backend.current_time(),
                         delay=0.0,
                         backoff=False,
-                        attempts=message.attempts,
+                        attempts=late.attempts,
                     )
                 return
             self._inbox.put(self._wrap(event.conn_id, event.message))
