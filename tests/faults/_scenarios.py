@@ -1,0 +1,272 @@
+"""The fault scenarios, each written once and run against a real target
+(``test_real_faults.py``) and an emulated one (``test_emulated_faults.py``).  Each asserts
+what a user sees and reports its figures."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from types import ModuleType
+from typing import Any
+
+import anyio
+
+from ._figures import report
+from ._targets import Target
+
+WAIT = 30.0
+
+
+async def until(predicate: Any, timeout: float = WAIT, step: float = 0.02) -> float:
+    """Wait for ``predicate()``; returns how long it took."""
+    start = time.monotonic()
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(step)
+    return time.monotonic() - start
+
+
+def _name(target: Target, what: str, way: tuple[str, str]) -> str:
+    return f"{target.label}: {what} [{way[0]}/{way[1]}]"
+
+
+async def publish_all(lib: ModuleType, address: str, topic: str, bodies: list[bytes]) -> None:
+    async with lib.Producer(nsqd_tcp_addresses=[address]) as producer:
+        for i in range(0, len(bodies), 200):
+            await producer.publish_many(topic, bodies[i : i + 200])
+
+
+def drained(target: Target, i: int, topic: str) -> bool:
+    c = target.channel(i, topic, "c")
+    return c is not None and c.depth == 0 and c.in_flight_count == 0
+
+
+async def kill_mid_consume(
+    lib: ModuleType, way: tuple[str, str], target: Target, topic: str
+) -> None:
+    """kill -9 of the only nsqd while a handler consumes; it comes back on the same port."""
+    address = target.nsqd_tcp_addresses[0]
+    before = [b"a%d" % i for i in range(1500)]
+    await publish_all(lib, address, topic, before)
+    seen: Counter[bytes] = Counter()
+    fresh: list[float] = []
+
+    async def handler(message: Any) -> None:
+        seen[message.body] += 1
+        if message.body == b"fresh" and not fresh:
+            fresh.append(time.monotonic())
+        await anyio.sleep(0)
+
+    async with lib.Consumer(
+        topic,
+        "c",
+        nsqd_tcp_addresses=[address],
+        max_in_flight=50,
+        reconnect_delay=0.25,
+        max_reconnect_delay=1.0,
+        reconnect_jitter=0.0,
+    ) as consumer:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, handler, 10)
+            await until(lambda: len(seen) >= 400)
+            await target.kill(0)
+            await anyio.sleep(1.0)
+            await target.restart(0)
+            restarted = time.monotonic()
+            await publish_all(lib, address, topic, [b"fresh"])
+            await until(lambda: bool(fresh))
+            await until(lambda: drained(target, 0, topic))  # what nsqd still had arrives too
+            await consumer.stop()
+    lost = [b for b in before if b not in seen]
+    report(
+        _name(target, "kill -9 mid-consume, direct", way),
+        reconnect_s=fresh[0] - restarted,
+        lost_in_nsqd_memory=len(lost),
+        duplicates=sum(n - 1 for n in seen.values()),
+    )
+    # kill -9 loses what nsqd held in memory only: at most the messages in flight
+    assert len(lost) <= 52
+    assert fresh[0] - restarted < 5.0
+
+
+async def kill_behind_lookupd(
+    lib: ModuleType, way: tuple[str, str], target: Target, topic: str
+) -> None:
+    """kill -9 one of two nsqd behind lookupd: the other goes on; the first is found again
+    soon after it restarts, not at the next poll (60 s)."""
+    for address in target.nsqd_tcp_addresses:
+        await publish_all(lib, address, topic, [b"x"] * 400)
+    await anyio.sleep(0.3)  # registrations reach lookupd
+    seen: Counter[str] = Counter()
+    fresh: list[float] = []
+
+    async def handler(message: Any) -> None:
+        seen[message.nsqd_address] += 1
+        if message.body == b"fresh" and not fresh:
+            fresh.append(time.monotonic())
+
+    first, second = target.nsqd_tcp_addresses
+    async with lib.Consumer(
+        topic, "c", lookupd_http_addresses=target.lookupd_http_addresses, max_in_flight=20
+    ) as consumer:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, handler, 5)
+            await until(lambda: seen[first] >= 50 and seen[second] >= 1)
+            await target.kill(0)
+            other = seen[second]
+            await until(lambda: seen[second] > other + 50)  # the survivor goes on
+            await anyio.sleep(2.0)
+            await target.restart(0)
+            restarted = time.monotonic()
+            await publish_all(lib, first, topic, [b"fresh"])
+            await until(lambda: bool(fresh))
+            await consumer.stop()
+    report(
+        _name(target, "kill -9 one of two nsqd behind lookupd", way),
+        rediscovery_s=fresh[0] - restarted,
+    )
+    assert fresh[0] - restarted < 10.0
+
+
+async def producer_failover(
+    lib: ModuleType, way: tuple[str, str], target: Target, topic: str
+) -> None:
+    """20 tasks publish through one producer over two nsqd; one nsqd is killed meanwhile:
+    every acknowledged publish is there afterwards."""
+    acked: list[bytes] = []
+    failed = 0
+    async with lib.Producer(
+        nsqd_tcp_addresses=target.nsqd_tcp_addresses, reconnect_delay=0.2, publish_timeout=5.0
+    ) as producer:
+
+        async def publisher(k: int) -> None:
+            nonlocal failed
+            for i in range(60):
+                body = b"%d-%d" % (k, i)
+                try:
+                    await producer.publish(topic, body)
+                except lib.NSQError:
+                    failed += 1
+                else:
+                    acked.append(body)
+                if k == 0 and i == 15:
+                    await target.kill(0)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(20):
+                tg.start_soon(publisher, k)
+    await target.restart(0)
+    seen: Counter[bytes] = Counter()
+    async with lib.Consumer(
+        topic, "c", nsqd_tcp_addresses=target.nsqd_tcp_addresses, max_in_flight=200
+    ) as consumer:
+        with anyio.move_on_after(WAIT):
+            async for message in consumer:
+                seen[message.body] += 1
+                await message.finish()
+                if all(b in seen for b in acked):
+                    break
+    missing = [b for b in acked if b not in seen]
+    report(
+        _name(target, "producer failover, kill -9 one of two", way),
+        acked=len(acked),
+        failed=failed,
+        duplicates=sum(n - 1 for n in seen.values()),
+        missing=len(missing),
+    )
+    assert not missing
+    assert len(acked) >= 1100
+
+
+async def slow_handlers(
+    lib: ModuleType, way: tuple[str, str], target: Target, topic: str, touch: bool
+) -> None:
+    """Handlers that take 1.5 s with msg_timeout 1 s: with TOUCH nothing is delivered twice;
+    without, every message comes back once and both copies are answered harmlessly."""
+    address = target.nsqd_tcp_addresses[0]
+    await publish_all(lib, address, topic, [b"%d" % i for i in range(5)])
+    attempts: list[int] = []
+
+    async def handler(message: Any) -> None:
+        attempts.append(message.attempts)
+        if message.attempts == 1:
+            for _ in range(6):
+                await anyio.sleep(0.25)
+                if touch:
+                    await message.touch()
+
+    async with lib.Consumer(
+        topic, "c", nsqd_tcp_addresses=[address], max_in_flight=10, msg_timeout=1.0
+    ) as consumer:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, handler, 10)
+            await until(lambda: len(attempts) >= 5)
+            await until(lambda: drained(target, 0, topic))
+            await anyio.sleep(0.3)
+            tg.cancel_scope.cancel()
+        state = [s["state"] for s in consumer.stats()["connections"]]
+    channel = target.channel(0, topic, "c")
+    assert channel is not None
+    report(
+        _name(target, f"handlers past msg_timeout, touch={touch}", way),
+        deliveries=len(attempts),
+        timeouts=channel.timeout_count,
+    )
+    assert state == ["SUBSCRIBED"]  # no connection lost on the way
+    if touch:
+        assert sorted(attempts) == [1] * 5 and channel.timeout_count == 0
+    else:
+        assert sorted(attempts) == [1] * 5 + [2] * 5 and channel.timeout_count == 5
+
+
+async def stop_under_load(
+    lib: ModuleType, way: tuple[str, str], target: Target, topic: str, how: str
+) -> None:
+    """50 handlers at once; a graceful stop (or a cancellation) in the middle: it is quick,
+    and nothing is lost (a second consumer gets the rest)."""
+    address = target.nsqd_tcp_addresses[0]
+    bodies = [b"%d" % i for i in range(2000)]
+    await publish_all(lib, address, topic, bodies)
+    finished: Counter[bytes] = Counter()
+    running = peak = 0
+
+    async def handler(message: Any) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            await anyio.sleep(0.01)
+        finally:
+            running -= 1
+        finished[message.body] += 1
+
+    stopping = 0.0
+    async with lib.Consumer(
+        topic, "c", nsqd_tcp_addresses=[address], max_in_flight=200, stop_timeout=5.0
+    ) as consumer:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.run, handler, 50)
+                await until(lambda: len(finished) >= 400)
+                stopping = time.monotonic()
+                if how == "stop":
+                    await consumer.stop()
+                else:
+                    scope.cancel()
+    stop_s = time.monotonic() - stopping
+    rest: Counter[bytes] = Counter()
+    async with lib.Consumer(topic, "c", nsqd_tcp_addresses=[address], max_in_flight=500) as c:
+        with anyio.move_on_after(WAIT):
+            async for message in c:
+                rest[message.body] += 1
+                await message.finish()
+                if set(finished) | set(rest) >= set(bodies):
+                    break
+    report(
+        _name(target, f"{how} under load, concurrency 50", way),
+        peak_concurrency=peak,
+        stop_s=stop_s,
+    )
+    assert peak == 50
+    assert stop_s < 5.0  # not the stop_timeout
+    assert set(finished) | set(rest) == set(bodies)  # nothing lost
