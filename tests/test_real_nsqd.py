@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +16,8 @@ from typing import Any
 
 import anyio
 import pytest
+
+from tests.faults._servers import auth_server, free_port, wait_http
 
 NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
 NSQLOOKUPD = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
@@ -29,25 +29,6 @@ pytestmark = [
         reason="no real nsqd/nsqlookupd: set NSQD and NSQLOOKUPD to the binaries to run these",
     ),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 @dataclass
@@ -199,9 +180,6 @@ class SecureServers:
 
 @pytest.fixture(scope="module")
 def secure_servers() -> Iterator[SecureServers]:
-    import http.server
-    import threading
-
     import trustme
 
     assert NSQD
@@ -213,35 +191,7 @@ def secure_servers() -> Iterator[SecureServers]:
     cert.cert_chain_pems[0].write_to_path(cert_path)
     cert.private_key_pem.write_to_path(key_path)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            good = "secret=good" in self.path
-            body = json.dumps(
-                {
-                    "ttl": 3600,
-                    "identity": "tester",
-                    "identity_url": "",
-                    "authorizations": [
-                        {
-                            "topic": "^sec",
-                            "channels": [".*"],
-                            "permissions": ["subscribe", "publish"],
-                        }
-                    ],
-                }
-            ).encode()
-            self.send_response(200 if good else 403)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body) if good else 0))
-            self.end_headers()
-            if good:
-                self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    auth = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=auth.serve_forever, daemon=True).start()
+    auth = auth_server("^sec")
     tcp, http_port = free_port(), free_port()
     proc = subprocess.Popen(
         [

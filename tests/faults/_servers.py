@@ -3,6 +3,7 @@ freeze (SIGSTOP), thaw (SIGCONT) and restart on the same ports and data."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -138,3 +140,39 @@ class Nsqd(Process):
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.data, ignore_errors=True)
+
+
+def auth_server(topic_pattern: str, secret: str = "good") -> http.server.ThreadingHTTPServer:
+    """An nsqd auth endpoint on loopback: ``secret`` may publish and subscribe to topics
+    matching ``topic_pattern``; any other secret is refused (403).  ``shutdown()`` it."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            good = f"secret={secret}" in self.path
+            body = json.dumps(
+                {
+                    "ttl": 3600,
+                    "identity": "tester",
+                    "identity_url": "",
+                    "authorizations": [
+                        {
+                            "topic": topic_pattern,
+                            "channels": [".*"],
+                            "permissions": ["subscribe", "publish"],
+                        }
+                    ],
+                }
+            ).encode()
+            self.send_response(200 if good else 403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) if good else 0))
+            self.end_headers()
+            if good:
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -5,7 +5,6 @@ with the reason.  The figures (recovery times, duplicates, memory) are printed a
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 import time
@@ -21,7 +20,7 @@ import pytest
 from . import _scenarios as scenario
 from ._figures import report
 from ._scenarios import WAIT, until
-from ._servers import MISSING, NSQD, NSQLOOKUPD, Lookupd, Nsqd
+from ._servers import MISSING, NSQD, NSQLOOKUPD, Lookupd, Nsqd, auth_server
 from ._targets import RealTarget
 
 pytestmark = [
@@ -234,32 +233,7 @@ async def test_tls_untrusted_trusted_client_cert_and_required(
 async def test_auth_with_a_wrong_secret(
     lib: ModuleType, way: tuple[str, str], topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import http.server
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            good = "secret=good" in self.path
-            body = json.dumps(
-                {
-                    "ttl": 3600,
-                    "identity": "tester",
-                    "authorizations": [
-                        {"topic": ".*", "channels": [".*"], "permissions": ["publish"]}
-                    ],
-                }
-            ).encode()
-            self.send_response(200 if good else 403)
-            self.send_header("Content-Length", str(len(body) if good else 0))
-            self.end_headers()
-            if good:
-                self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    auth = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=auth.serve_forever, daemon=True).start()
+    auth = auth_server(".*")
     server = Nsqd(f"--auth-http-address=127.0.0.1:{auth.server_address[1]}")
     server.start()
     try:

@@ -17,13 +17,17 @@ def lookupd_network() -> tuple[MemoryNetwork, Nsqd, Lookupd]:
     return net, nsqd, lookupd
 
 
-def consuming(net: MemoryNetwork, **options: object) -> tuple[Consumer, list[bytes]]:
+def consuming(
+    net: MemoryNetwork, nsqd_tcp_addresses: tuple[str, ...] | list[str] = (), **options: object
+) -> tuple[Consumer, list[bytes]]:
+    """A consumer that finishes every message it gets (behind lookupd unless given nsqd)."""
     seen: list[bytes] = []
     consumer = Consumer(
         "t",
         "c",
         ConsumerConfig(max_in_flight=10, **options),  # type: ignore[arg-type]
-        lookupd_http_addresses=["lookupd:4161"],
+        nsqd_tcp_addresses=nsqd_tcp_addresses,
+        lookupd_http_addresses=() if nsqd_tcp_addresses else ["lookupd:4161"],
         rng=random.Random(3),
     )
 
@@ -76,22 +80,7 @@ def test_a_flapping_nsqd_does_not_make_the_consumer_hammer_lookupd() -> None:
 
 
 def fixed_list_consumer(net: MemoryNetwork, **options: object) -> tuple[Consumer, list[bytes]]:
-    seen: list[bytes] = []
-    consumer = Consumer(
-        "t",
-        "c",
-        ConsumerConfig(max_in_flight=10, **options),  # type: ignore[arg-type]
-        nsqd_tcp_addresses=["nsqd1:4150"],
-        rng=random.Random(5),
-    )
-
-    def on_event(event: Event) -> None:
-        if isinstance(event, MessageReceived):
-            seen.append(event.message.body)
-            consumer.finish(event.conn_id, event.message.id, net.now)
-
-    net.attach(consumer, on_event)
-    return consumer, seen
+    return consuming(net, nsqd_tcp_addresses=["nsqd1:4150"], **options)
 
 
 def test_recovery_from_a_frozen_nsqd_is_bounded_by_the_reconnect_cap() -> None:
