@@ -1,13 +1,21 @@
-"""Command line: ``serve`` (the emulator on loopback), ``pub`` and ``tail``."""
+"""Command line: ``serve`` (the emulator on loopback), ``pub``, ``tail`` and ``stats``.
+
+``pub`` and ``tail`` also take the spellings of nsq's own tools (``to_nsq``, ``nsq_tail``):
+``--topic=T``, ``--channel=C``, ``-n N``, repeated ``--nsqd-tcp-address`` and
+``--lookupd-http-address``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import ssl
 import sys
+import time
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,44 +83,154 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _topic(args: argparse.Namespace) -> str:
+    """The topic, given as the positional argument or as ``--topic`` (not both)."""
+    if args.topic and args.topic_flag and args.topic != args.topic_flag:
+        raise SystemExit("error: give the topic once (positional or --topic)")
+    topic: str | None = args.topic or args.topic_flag
+    if not topic:
+        raise SystemExit("error: give a topic (positional or --topic)")
+    return topic
+
+
+class _Progress:
+    """Counts messages; a live line on a terminal's stderr, one summary line at the end."""
+
+    def __init__(self, verb: str, topic: str) -> None:
+        self.verb = verb
+        self.topic = topic
+        self.count = 0
+        self.start = time.perf_counter()
+        self._shown = self.start
+        self._live = sys.stderr.isatty()
+
+    def add(self, n: int = 1) -> None:
+        self.count += n
+        if self._live:
+            now = time.perf_counter()
+            if now - self._shown >= 0.5:
+                self._shown = now
+                rate = self.count / (now - self.start)
+                print(f"\r{self.verb} {self.count} ({rate:,.0f} msgs/s)", end="", file=sys.stderr)
+
+    def summary(self) -> str:
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        return (
+            f"{self.verb} {self.count} messages {'to' if self.verb == 'published' else 'from'} "
+            f"{self.topic} in {seconds:.2f} s ({self.count / seconds:,.0f} msgs/s)"
+        )
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the live line; the summary unless the command failed with ``error``."""
+        if self._live:
+            print("\r\033[K", end="", file=sys.stderr)
+        if not isinstance(error, nsq_proto.NSQError | SystemExit):
+            print(self.summary(), file=sys.stderr)
+
+
 async def _pub(args: argparse.Namespace) -> int:
+    topic = _topic(args)
     options = _options(args)
     options["publish_timeout"] = args.timeout
-    async with Producer(**options) as producer:
-        if args.count is not None:
-            body = b"x" * args.size
-            batch = [body] * min(100, args.count)
-            sent = 0
-            while sent < args.count:
-                n = min(len(batch), args.count - sent)
-                await producer.publish_many(args.topic, batch[:n])
-                sent += n
-            print(f"published {sent} messages to {args.topic}", file=sys.stderr)
-            return 0
-        sent = 0
-        stdin = anyio.wrap_file(sys.stdin.buffer)
-        async for line in stdin:
-            line = line.rstrip(b"\r\n")
-            if line:
-                await producer.publish(args.topic, line)
-                sent += 1
-        print(f"published {sent} messages to {args.topic}", file=sys.stderr)
+    progress = _Progress("published", topic)
+    try:
+        async with Producer(**options) as producer:
+            if args.count is not None:
+                body = b"x" * args.size
+                batch = [body] * min(100, args.count)
+                while progress.count < args.count:
+                    n = min(len(batch), args.count - progress.count)
+                    await producer.publish_many(topic, batch[:n])
+                    progress.add(n)
+            else:
+                stdin = anyio.wrap_file(sys.stdin.buffer)
+                async for line in stdin:
+                    line = line.rstrip(b"\r\n")
+                    if line:
+                        await producer.publish(topic, line)
+                        progress.add()
+    except BaseException as exc:
+        progress.close(exc)
+        raise
+    progress.close()
     return 0
+
+
+def _json_line(message: Any) -> bytes:
+    record = {
+        "id": message.id.decode("ascii", "replace"),
+        "attempts": message.attempts,
+        "timestamp": message.timestamp,
+        "nsqd": message.nsqd_address,
+        "body": message.body.decode("utf-8", "replace"),
+    }
+    return json.dumps(record, ensure_ascii=False).encode() + b"\n"
 
 
 async def _tail(args: argparse.Namespace) -> int:
+    topic = _topic(args)
     options = _options(args)
     options["max_in_flight"] = args.max_in_flight
-    seen = 0
-    async with Consumer(args.topic, args.channel, **options) as consumer:
-        async for message in consumer:
-            sys.stdout.buffer.write(message.body + b"\n")
-            sys.stdout.buffer.flush()
-            await message.finish()
-            seen += 1
-            if args.n is not None and seen >= args.n:
-                break
+    progress = _Progress("received", topic)
+    as_json = args.format == "json"
+    out = sys.stdout.buffer
+    try:
+        async with Consumer(topic, args.channel, **options) as consumer:
+            async for message in consumer:
+                out.write(_json_line(message) if as_json else message.body + b"\n")
+                out.flush()
+                await message.finish()
+                progress.add()
+                if args.n is not None and progress.count >= args.n:
+                    break
+    except BaseException as exc:
+        progress.close(exc)
+        raise
+    progress.close()
     return 0
+
+
+def _stats_rows(stats: dict[str, Any]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [
+        ("topic", "channel", "depth", "in_flight", "requeued", "timed_out", "clients")
+    ]
+    for t in stats.get("topics") or []:
+        rows.append((t["topic_name"], "", str(t.get("depth", 0)), "", "", "", ""))
+        for c in t.get("channels") or []:
+            rows.append(
+                (
+                    t["topic_name"],
+                    c["channel_name"],
+                    str(c.get("depth", 0)),
+                    str(c.get("in_flight_count", 0)),
+                    str(c.get("requeue_count", 0)),
+                    str(c.get("timeout_count", 0)),
+                    str(len(c.get("clients") or [])),
+                )
+            )
+    return rows
+
+
+def _stats(args: argparse.Namespace) -> int:
+    """nsq_stat-like: depth, in flight, requeue and timeout counts from nsqd's /stats."""
+    query = "format=json" + (f"&topic={args.topic}" if args.topic else "")
+    shown = 0
+    while True:
+        for address in args.nsqd_http_address:
+            url = f"http://{address}/stats?{query}"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                data = json.load(response)
+            stats = data.get("data", data)  # nsqd answers bare; older ones in an envelope
+            rows = _stats_rows(stats)
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            print(f"# {address}")
+            for row in rows:
+                print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        shown += 1
+        if args.interval is None or (args.count is not None and shown >= args.count):
+            return 0
+        sys.stdout.flush()
+        time.sleep(args.interval)
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -189,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
 
     pub = sub.add_parser("pub", help="publish stdin lines (or generated bodies) to a topic")
-    pub.add_argument("topic")
+    pub.add_argument("topic", nargs="?")
+    pub.add_argument("--topic", dest="topic_flag", metavar="TOPIC", help="the topic (to_nsq)")
     pub.add_argument(
         "--count", type=int, help="publish this many generated bodies instead of stdin"
     )
@@ -198,11 +317,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     _common(pub)
 
     tail = sub.add_parser("tail", help="print the bodies of a topic/channel")
-    tail.add_argument("topic")
+    tail.add_argument("topic", nargs="?")
+    tail.add_argument("--topic", dest="topic_flag", metavar="TOPIC", help="the topic (nsq_tail)")
     tail.add_argument("--channel", default=f"tail{os.getpid()}#ephemeral")
-    tail.add_argument("-n", type=int, help="stop after N messages")
+    tail.add_argument("-n", "--n", type=int, help="stop after N messages")
     tail.add_argument("--max-in-flight", type=int, default=200)
+    tail.add_argument(
+        "--format",
+        choices=["raw", "json"],
+        default="raw",
+        help="raw bodies (default) or JSON lines with id, attempts, timestamp, nsqd and body",
+    )
     _common(tail)
+
+    stats = sub.add_parser("stats", help="depth, in-flight, requeue and timeout counts")
+    stats.add_argument("--nsqd-http-address", action="append", required=True, metavar="HOST:PORT")
+    stats.add_argument("--topic", help="only this topic")
+    stats.add_argument("--interval", type=float, help="show again every this many seconds")
+    stats.add_argument("--count", type=int, help="with --interval: stop after this many")
 
     demo = sub.add_parser("demo", help="publish/tail round trip against the embedded emulator")
     demo.add_argument("--count", type=int, default=10000)
@@ -216,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._server import serve_forever
 
             return anyio.run(serve_forever, args, backend=args.backend)
+        if args.command == "stats":
+            return _stats(args)
         runner = {"pub": _pub, "tail": _tail, "demo": _demo}[args.command]
         return anyio.run(_with_signals, runner, args, backend=args.backend)
     except nsq_proto.NSQError as exc:

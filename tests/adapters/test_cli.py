@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -100,3 +101,40 @@ def test_tail_stops_cleanly_on_interrupt(server: dict[str, str]) -> None:
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 130
     assert "Traceback" not in err
+
+
+def test_nsq_tools_spellings_json_lines_and_rate_summaries(server: dict[str, str]) -> None:
+    nsqd = server["nsqd TCP"]
+    out = run("pub", "--topic=orders", f"--nsqd-tcp-address={nsqd}", stdin="one\ntwo\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("published 2 messages to orders in ")
+    assert out.stderr.rstrip().endswith("msgs/s)")
+    out = run(
+        "tail",
+        "--topic=orders",
+        "--channel=c",
+        "-n",
+        "2",
+        f"--nsqd-tcp-address={nsqd}",
+        "--nsqd-tcp-address",
+        nsqd,
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["body"] for r in records] == ["one", "two"]
+    assert all(r["attempts"] == 1 and r["nsqd"] == nsqd and len(r["id"]) == 16 for r in records)
+    assert records[0]["timestamp"] > 1_600_000_000 * 10**9
+    assert "received 2 messages from orders in " in out.stderr
+    out = run("stats", "--nsqd-http-address", server["nsqd HTTP"], "--topic", "orders")
+    assert out.returncode == 0, out.stderr
+    (row,) = [line.split() for line in out.stdout.splitlines() if line.startswith("orders  ")][1:]
+    assert row[:6] == ["orders", "c", "0", "0", "0", "0"]
+
+
+def test_a_topic_given_twice_or_not_at_all_is_a_usage_error() -> None:
+    out = run("tail", "a", "--topic=b", "--nsqd-tcp-address", "127.0.0.1:1")
+    assert out.returncode != 0 and "give the topic once" in out.stderr
+    out = run("pub", "--nsqd-tcp-address", "127.0.0.1:1", stdin="x\n")
+    assert out.returncode != 0 and "give a topic" in out.stderr
