@@ -155,6 +155,8 @@ class _Link:
     pending: list[bytes] = field(default_factory=list)
     #: set while a write is under way (one writer at a time; others queue in ``pending``)
     sending: EventLike | None = None
+    #: TLS is up and nothing was read since
+    tls_fresh: bool = False
 
 
 class Driver:
@@ -336,7 +338,10 @@ class Driver:
                     data = await stream.receive()
                 except backend.io_errors as exc:
                     link.read_scope = None
-                    await self._lost(link, exc)
+                    # an alert right after the handshake is nsqd refusing it (TLS 1.3 servers
+                    # refuse a client certificate only after the client's side is done)
+                    refused = self._tls_failure(link, exc) if link.tls_fresh else None
+                    await self._lost(link, refused or exc)
                     return
                 link.read_scope = None
             if data is None:
@@ -344,6 +349,7 @@ class Driver:
             if not data:
                 await self._lost(link, None)
                 return
+            link.tls_fresh = False
             core.receive_data(link.conn_id, data, backend.current_time())
             self.wake()
 
@@ -364,13 +370,12 @@ class Driver:
                 )
             except backend.io_errors as exc:
                 link.read_scope = None
-                tls = _find(exc, backend.tls_errors)
-                permanent = tls is not None and not isinstance(tls, backend.transient_tls_errors)
-                error = TransportError(
-                    f"TLS handshake with {link.host}:{link.port} failed: {tls or exc}",
-                    permanent=permanent,
-                )
-                error.__cause__ = exc
+                error = self._tls_failure(link, exc)
+                if error is None:
+                    error = TransportError(
+                        f"TLS handshake with {link.host}:{link.port} failed: {exc}"
+                    )
+                    error.__cause__ = exc
                 await self._lost(link, error)
                 return False
             link.read_scope = None
@@ -378,12 +383,26 @@ class Driver:
             return False  # closed meanwhile
         link.stream = upgraded
         link.upgrade = False
+        link.tls_fresh = True
         self.core.tls_established(link.conn_id, backend.current_time())
         pending, link.pending = link.pending, []
         for data in pending:
             await self._send(link.conn_id, data)
         self.wake()
         return True
+
+    def _tls_failure(self, link: _Link, exc: BaseException) -> TransportError | None:
+        """A TLS error in ``exc``'s chain as a permanent TransportError (the handshake was
+        refused), or None."""
+        backend = self.backend
+        tls = _find(exc, backend.tls_errors)
+        if tls is None or isinstance(tls, backend.transient_tls_errors):
+            return None
+        error = TransportError(
+            f"TLS handshake with {link.host}:{link.port} failed: {tls}", permanent=True
+        )
+        error.__cause__ = exc
+        return error
 
     async def _http(self, req: HttpRequest) -> None:
         backend = self.backend

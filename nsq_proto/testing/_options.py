@@ -147,9 +147,9 @@ class NsqdOptions:
     tls_handshake_timeout: float = 5.0
     #: nsqd's queue-scan worker only learns about new channels on a refresh tick every
     #: 5 s (from process start), so message timeouts and deferred messages of a channel
-    #: younger than that fire late.  0 (the default) makes every timer exact; 5.0 reproduces
-    #: nsqd (capture ``msg_timeout_new_channel``)
-    queue_scan_refresh_interval: float = 0.0
+    #: younger than that fire late, as with nsqd (capture ``msg_timeout_new_channel``).
+    #: 0 makes every timer exact
+    queue_scan_refresh_interval: float = 5.0
     #: the partitioned server's ``--max-conn-for-client`` (0: unlimited)
     max_conn_for_client: int = 0
 

@@ -313,7 +313,9 @@ def test_stop_with_a_timed_out_message_waiting_twice_in_the_inbox() -> None:
         async with AsyncConsumer(
             backend, "t", "c", nsqd_tcp_addresses=["nsqd1:4150"], msg_timeout=1.0
         ):
-            await trio.sleep(2.5)  # never taken: delivered, timed out, delivered again
+            # never taken: delivered, timed out (nsqd scans a new channel's timeouts from
+            # its first 5 s refresh tick on), delivered again
+            await trio.sleep(7.0)
         stats = nsqd.channel_stats("t", "c")
         assert stats.timeout_count >= 1
         assert (stats.depth, stats.in_flight_count) == (1, 0)

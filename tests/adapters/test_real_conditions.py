@@ -94,10 +94,15 @@ async def test_a_handler_slower_than_msg_timeout_sees_a_redelivery_and_nothing_b
         async def handler(message: Any) -> None:
             seen.append((message.body, message.attempts))
             if message.attempts == 1:
-                await anyio.sleep(1.6)  # past msg_timeout: nsqd redelivers meanwhile
+                # past msg_timeout: held until nsqd has delivered the message again (a new
+                # channel's timeouts fire from nsqd's first 5 s queue-scan refresh on)
+                with anyio.fail_after(TIMEOUT):
+                    while (message.body, 2) not in seen:
+                        await anyio.sleep(0.05)
             if message.body == b"c" and message.attempts == 1:
                 raise RuntimeError("the stale copy fails, the newer one succeeds")
 
+        stats = cluster.nsqds[0].channel_stats
         async with lib.Consumer(
             "t",
             "c",
@@ -106,15 +111,20 @@ async def test_a_handler_slower_than_msg_timeout_sees_a_redelivery_and_nothing_b
             msg_timeout=1.0,
             backoff=False,
         ) as consumer:
-            with anyio.move_on_after(4.0):
-                await consumer.run(handler, concurrency=10)
+            with anyio.fail_after(TIMEOUT):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consumer.run, handler, 10)
+                    while len(seen) < 6 or stats("t", "c").in_flight_count:
+                        await anyio.sleep(0.05)
+                    await anyio.sleep(0.2)
+                    tg.cancel_scope.cancel()
             assert [s["state"] for s in consumer.stats()["connections"]] == ["SUBSCRIBED"]
         assert sorted(seen) == [(b"a", 1), (b"a", 2), (b"b", 1), (b"b", 2), (b"c", 1), (b"c", 2)]
-        stats = cluster.nsqds[0].channel_stats("t", "c")
-        assert (stats.depth, stats.in_flight_count, stats.deferred_count) == (0, 0, 0)
-        assert stats.timeout_count == 3
+        final = stats("t", "c")
+        assert (final.depth, final.in_flight_count, final.deferred_count) == (0, 0, 0)
+        assert final.timeout_count == 3
         # nothing was requeued: the failing stale copy of c did not undo its newer delivery
-        assert stats.requeue_count == 0
+        assert final.requeue_count == 0
 
 
 def _tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:

@@ -181,19 +181,25 @@ async def producer_failover(
 async def slow_handlers(
     lib: ModuleType, way: tuple[str, str], target: Target, topic: str, touch: bool
 ) -> None:
-    """Handlers that take 1.5 s with msg_timeout 1 s: with TOUCH nothing is delivered twice;
-    without, every message comes back once and both copies are answered harmlessly."""
+    """Handlers slower than msg_timeout (1 s).  Without TOUCH, each handler holds its message
+    until nsqd has delivered it again, and both copies are answered harmlessly; with TOUCH
+    every 0.25 s for 7 s (past nsqd's 5 s queue-scan refresh, from which a new channel's
+    timeouts fire), nothing is delivered twice."""
     address = target.nsqd_tcp_addresses[0]
     await publish_all(lib, address, topic, [b"%d" % i for i in range(5)])
     attempts: list[int] = []
+    deliveries: list[tuple[bytes, int]] = []
 
     async def handler(message: Any) -> None:
         attempts.append(message.attempts)
+        deliveries.append((message.body, message.attempts))
         if message.attempts == 1:
-            for _ in range(6):
-                await anyio.sleep(0.25)
-                if touch:
+            if touch:
+                for _ in range(28):
+                    await anyio.sleep(0.25)
                     await message.touch()
+            else:
+                await until(lambda: (message.body, 2) in deliveries, timeout=15.0)
 
     async with lib.Consumer(
         topic, "c", nsqd_tcp_addresses=[address], max_in_flight=10, msg_timeout=1.0

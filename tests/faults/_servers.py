@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -34,6 +35,8 @@ def wait_http(url: str, timeout: float = 10.0) -> None:
             with urllib.request.urlopen(url, timeout=1) as response:
                 if response.status == 200:
                     return
+        except urllib.error.HTTPError:
+            return  # it answers (an nsqd requiring TLS refuses plain HTTP with 403)
         except OSError:
             if time.monotonic() > deadline:
                 raise

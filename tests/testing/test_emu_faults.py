@@ -13,7 +13,7 @@ IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}
 
 
 def test_drop_discards_output_and_keeps_in_flight_until_timeout() -> None:
-    nsqd = Nsqd(NsqdOptions(msg_timeout=2.0))
+    nsqd = Nsqd(NsqdOptions(msg_timeout=2.0, queue_scan_refresh_interval=0.0))
     c = Client(nsqd, 0.0, identify=IDENT)
     c.subscribe("t", "c", 0.0, rdy=1)
     nsqd.publish("t", b"x", 0.1)

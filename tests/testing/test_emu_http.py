@@ -52,7 +52,7 @@ def test_http_errors() -> None:
 
 
 def test_defer_over_http() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(NsqdOptions(queue_scan_refresh_interval=0.0))
     assert nsqd.handle("POST", "/pub?topic=t&defer=1500", [], b"x", now=0.0).status == 200
     c = Client(nsqd, 0.0, identify={"feature_negotiation": True})
     c.subscribe("t", "c", 0.0, rdy=1)

@@ -17,7 +17,8 @@ V1 = [("Accept", "application/vnd.nsq; version=1.0")]
 
 
 def cluster(**kw: object) -> Cluster:
-    c = Cluster(3)
+    # every timer exact (the real server refreshes its queue-scan list every 5 s)
+    c = Cluster(3, options=NsqdOptions(partitioned=True, queue_scan_refresh_interval=0.0))
     c.create_topic("orders", 0.0, partitions=2, replicas=2, **kw)  # type: ignore[arg-type]
     return c
 

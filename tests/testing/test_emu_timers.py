@@ -10,12 +10,16 @@ from nsq_proto.testing import Nsqd, NsqdOptions
 HB = b"_heartbeat_"
 
 
+#: every timer exact (nsqd refreshes its queue-scan list every 5 s; tested at the end)
+EXACT = NsqdOptions(queue_scan_refresh_interval=0.0)
+
+
 def ident(hb_ms: int = 1000, **extra: object) -> dict[str, object]:
     return {"feature_negotiation": True, "heartbeat_interval": hb_ms, **extra}
 
 
 def test_heartbeats_every_interval_and_close_after_two_silent_intervals() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 10.0, identify=ident(1000))
     assert nsqd.next_deadline() == pytest.approx(11.0)
     nsqd.handle_timer(10.999)
@@ -32,7 +36,7 @@ def test_heartbeats_every_interval_and_close_after_two_silent_intervals() -> Non
 
 
 def test_nop_keeps_the_connection_alive() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0, identify=ident(1000))
     t = 0.0
     for _ in range(5):
@@ -44,7 +48,7 @@ def test_nop_keeps_the_connection_alive() -> None:
 
 
 def test_late_handle_timer_catches_up_in_order() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0, identify=ident(1000))
     nsqd.handle_timer(100.0)
     assert c.read() == [(0, HB)]
@@ -52,7 +56,7 @@ def test_late_handle_timer_catches_up_in_order() -> None:
 
 
 def test_default_heartbeat_is_thirty_seconds_and_timeout_sixty() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0)
     assert nsqd.next_deadline() == pytest.approx(30.0)
     nsqd.handle_timer(30.0)
@@ -64,7 +68,7 @@ def test_default_heartbeat_is_thirty_seconds_and_timeout_sixty() -> None:
 
 
 def test_heartbeats_disabled() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0, identify=ident(-1))
     assert nsqd.next_deadline() is None
     c.send(b"SUB t c\n", 1.0)
@@ -82,7 +86,7 @@ def test_partitioned_server_waits_three_intervals() -> None:
 
 
 def test_msg_timeout_redelivers_with_attempts_plus_one() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0, identify=ident(30000, msg_timeout=1000))
     c.subscribe("t", "c", 0.0, rdy=1)
     nsqd.publish("t", b"slow", 0.5)
@@ -99,7 +103,7 @@ def test_msg_timeout_redelivers_with_attempts_plus_one() -> None:
 
 
 def test_req_with_delay_defers_then_redelivers() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0, identify=ident(30000))
     c.subscribe("t", "c", 0.0, rdy=1)
     nsqd.publish("t", b"later", 0.0)
@@ -116,7 +120,7 @@ def test_req_with_delay_defers_then_redelivers() -> None:
 
 
 def test_req_zero_requeues_at_once_to_the_end() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0, identify=ident(30000))
     c.subscribe("t", "c", 0.0, rdy=1)
     nsqd.publish("t", b"a", 0.0)
@@ -131,7 +135,7 @@ def test_req_zero_requeues_at_once_to_the_end() -> None:
 
 
 def test_req_delay_is_clamped_to_max_req_timeout() -> None:
-    nsqd = Nsqd(NsqdOptions(max_req_timeout=2.0))
+    nsqd = Nsqd(NsqdOptions(max_req_timeout=2.0, queue_scan_refresh_interval=0.0))
     c = Client(nsqd, 0.0, identify=ident(30000))
     c.subscribe("t", "c", 0.0, rdy=1)
     nsqd.publish("t", b"x", 0.0)
@@ -142,7 +146,7 @@ def test_req_delay_is_clamped_to_max_req_timeout() -> None:
 
 
 def test_touch_restarts_the_timeout_up_to_max_msg_timeout() -> None:
-    nsqd = Nsqd(NsqdOptions(max_msg_timeout=2.5, msg_timeout=1.0))
+    nsqd = Nsqd(NsqdOptions(max_msg_timeout=2.5, msg_timeout=1.0, queue_scan_refresh_interval=0.0))
     c = Client(nsqd, 0.0, identify=ident(30000))
     c.subscribe("t", "c", 0.0, rdy=1)
     nsqd.publish("t", b"x", 0.0)
@@ -158,7 +162,7 @@ def test_touch_restarts_the_timeout_up_to_max_msg_timeout() -> None:
 
 
 def test_touch_uses_the_current_msg_timeout() -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0, identify=ident(30000, msg_timeout=1000))
     c.subscribe("t", "c", 0.0, rdy=1)
     nsqd.publish("t", b"x", 0.0)
@@ -168,7 +172,7 @@ def test_touch_uses_the_current_msg_timeout() -> None:
 
 
 def test_dpub_delivers_after_the_delay_with_publish_timestamp() -> None:
-    nsqd = Nsqd(NsqdOptions(wall_clock_offset=0.0))
+    nsqd = Nsqd(NsqdOptions(wall_clock_offset=0.0, queue_scan_refresh_interval=0.0))
     c = Client(nsqd, 0.0, identify=ident(30000))
     c.subscribe("t", "c", 0.0, rdy=1)
     c.send(b"DPUB t 1000\n\x00\x00\x00\x08deferred", 2.0)
@@ -190,7 +194,7 @@ def test_dpub_delivers_after_the_delay_with_publish_timestamp() -> None:
     ],
 )
 def test_dpub_delay_range(delay: bytes, error: bytes | None) -> None:
-    nsqd = Nsqd()
+    nsqd = Nsqd(EXACT)
     c = Client(nsqd, 0.0)
     c.send(b"DPUB t " + delay + b"\n\x00\x00\x00\x01x", 0.1)
     if error is None:
