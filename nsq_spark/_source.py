@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -53,7 +53,7 @@ import nsq_anyio
 from ._loop import LoopThread
 from ._options import SourceOptions
 
-__all__ = ["NSQStreamReader", "NSQInputPartition", "SOURCE_COLUMNS"]
+__all__ = ["NSQStreamReader", "NSQInputPartition", "RefusingStreamReader", "SOURCE_COLUMNS"]
 
 log = logging.getLogger("nsq_spark")
 
@@ -494,3 +494,35 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         arrays = [pa.array(partition.columns[f.name], type=f.type) for f in arrow_schema]
         yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+
+class RefusingStreamReader(DataSourceStreamReader):
+    """The reader of a source whose options (or schema) are wrong: every call Spark makes
+    raises that error, so the query fails at once with it."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def _refuse(self) -> NoReturn:
+        raise self.error
+
+    def initialOffset(self) -> dict[str, int]:
+        self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        self._refuse()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        self._refuse()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self._refuse()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        self._refuse()
+
+    def stop(self) -> None:
+        pass

@@ -80,6 +80,25 @@ def test_source_options_defaults_and_spellings() -> None:
             {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "maxInFlght": "3"},
             "maxInFlght",
         ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "max_in_flight": "-5"},
+            "at least 1",
+        ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "max_in_flight": "abc"},
+            "integer",
+        ),
+        ({"topic": "a b", "channel": "c", "nsqd_tcp_addresses": "a:1"}, "not a topic name"),
+        ({"topic": "t", "channel": "c" * 65, "nsqd_tcp_addresses": "a:1"}, "not a channel"),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "http://127.0.0.1:4150"},
+            "no scheme",
+        ),
+        (
+            {"topic": "t", "channel": "c", "lookupd_http_addresses": "127.0.0.1:4161/lookup"},
+            "no scheme",
+        ),
+        ({"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:70000"}, "host:port"),
     ],
 )
 def test_source_option_errors(options: dict[str, str], message: str) -> None:
@@ -87,7 +106,27 @@ def test_source_option_errors(options: dict[str, str], message: str) -> None:
         parse_source_options(options)
 
 
+def test_source_options_are_checked_when_spark_asks_for_the_schema() -> None:
+    options = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1"}
+    assert NSQDataSource(options).schema() == SCHEMA
+    with pytest.raises(OptionError, match="'channel'"):
+        NSQDataSource({"topic": "t", "nsqd_tcp_addresses": "a:1"}).schema()
+    # given a schema, Spark first meets the options in streamReader(): the reader it gets
+    # fails the query at its first call, with the option error itself
+    reader = NSQDataSource({**options, "max_in_flight": "0"}).streamReader(SCHEMA)
+    with pytest.raises(OptionError, match="max_in_flight"):
+        reader.initialOffset()
+    with pytest.raises(OptionError, match="max_in_flight"):
+        reader.latestOffset({"seq": 0}, ReadAllAvailable())
+    reader.stop()
+    narrow = StructType([StructField("nope", StringType())])
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        NSQDataSource(options).streamReader(narrow).initialOffset()
+
+
 def test_sink_options() -> None:
+    with pytest.raises(OptionError, match="not a topic name"):
+        parse_sink_options({"nsqd_tcp_addresses": "a:1", "topic": "a b"})
     o = parse_sink_options({"nsqd_tcp_addresses": "a:1", "batchSize": "10", "deflate_level": "3"})
     assert (o.topic, o.batch_size, o.max_outstanding) == (None, 10, 8)
     assert o.producer_kwargs()["nsqd_tcp_addresses"] == ["a:1"]
