@@ -30,6 +30,7 @@ from ._events import (
     ErrorReceived,
     Event,
     LookupFailed,
+    LookupSucceeded,
     MessageGivenUp,
     MessageReceived,
     PublishFailed,
@@ -670,6 +671,8 @@ class AsyncConsumer(_Client):
         self.errors: deque[ErrorReceived] = deque(maxlen=_KEEP_ERRORS)
         self.lookup_failures: deque[LookupFailed] = deque(maxlen=_KEEP_ERRORS)
         self.connection_errors: deque[BaseException] = deque(maxlen=_KEEP_ERRORS)
+        #: the latest answer of a lookupd (None before the first)
+        self.last_lookup: LookupSucceeded | None = None
 
     async def __aenter__(self) -> Any:
         await self._enter()
@@ -730,6 +733,8 @@ class AsyncConsumer(_Client):
         elif isinstance(event, ErrorReceived):
             self.errors.append(event)
             log.warning("nsqd error on connection %d: %s %s", event.conn_id, event.code, event.text)
+        elif isinstance(event, LookupSucceeded):
+            self.last_lookup = event
         elif isinstance(event, LookupFailed):
             self.lookup_failures.append(event)
             log.warning("lookupd %s:%d failed: %s", *event.address, event.error)

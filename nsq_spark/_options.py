@@ -276,6 +276,7 @@ class SourceOptions:
     ordered: bool = False
     partitions: tuple[int, ...] | None = None
     reconnect_delay: float | None = None
+    connect_timeout: float = 30.0
 
     @property
     def touch_interval(self) -> float:
@@ -315,6 +316,7 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "ordered",
         "partitions",
         "reconnect_delay",
+        "connect_timeout",
     )
 }
 
@@ -333,6 +335,8 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     assert max_msg_timeout is not None
     idle = r.seconds("available_now_idle_timeout", 2.0, minimum=0.0)
     assert idle is not None
+    connect_timeout = r.seconds("connect_timeout", 30.0, minimum=0.001)
+    assert connect_timeout is not None
     partitions_text = r.text("partitions")
     partitions: tuple[int, ...] | None = None
     if partitions_text is not None:
@@ -358,6 +362,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         ordered=r.boolean("ordered", False),
         partitions=partitions,
         reconnect_delay=r.seconds("reconnect_delay", None, minimum=0.0),
+        connect_timeout=connect_timeout,
     )
     unknown = r.unknown(_SOURCE_KEYS)
     if unknown:

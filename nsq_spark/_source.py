@@ -53,12 +53,26 @@ import nsq_anyio
 from ._loop import LoopThread
 from ._options import SourceOptions
 
-__all__ = ["NSQStreamReader", "NSQInputPartition", "RefusingStreamReader", "SOURCE_COLUMNS"]
+__all__ = [
+    "ConnectTimeout",
+    "NSQStreamReader",
+    "NSQInputPartition",
+    "RefusingStreamReader",
+    "SOURCE_COLUMNS",
+]
 
 log = logging.getLogger("nsq_spark")
 
 #: the columns the source can produce, in the order of its default schema
 SOURCE_COLUMNS = ("body", "id", "attempts", "timestamp", "topic", "nsqd", "partition", "trace_id")
+
+
+class ConnectTimeout(TimeoutError):
+    """The source found no nsqd to consume from within ``connect_timeout``."""
+
+
+# tracebacks name it where users import it from
+ConnectTimeout.__module__ = "nsq_spark"
 
 
 def _offset(seq: int) -> dict[str, int]:
@@ -142,6 +156,7 @@ class _Feed:
                     task_status.started()
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._touch_loop)
+                        tg.start_soon(self._connect_deadline, consumer)
                         async for message in consumer:  # ends once the consumer stopped
                             self._receive(message)
                         tg.cancel_scope.cancel()
@@ -153,6 +168,46 @@ class _Feed:
             self._consumer = None
             self._done.set()
             self._arrived.set()
+
+    async def _connect_deadline(self, consumer: nsq_anyio.Consumer) -> None:
+        """Fail the source when it has nothing to consume from ``connect_timeout`` seconds
+        after it started: no subscribed nsqd connection and, with lookupd, no answer that
+        lists no nsqd yet (a topic nobody published to)."""
+        o = self.options
+        with anyio.move_on_after(o.connect_timeout):
+            while True:
+                stats = consumer.stats()
+                if any(c["state"] == "SUBSCRIBED" for c in stats["connections"]):
+                    return
+                lookup = consumer.last_lookup
+                if lookup is not None and not lookup.producers:
+                    return
+                await anyio.sleep(0.05)
+        c = o.connection
+        where = ", ".join(
+            [f"nsqd {a}" for a in c.nsqd_tcp_addresses]
+            + [f"lookupd {a}" for a in c.lookupd_http_addresses]
+        )
+        causes = []
+        if consumer.lookup_failures:
+            causes.append(f"lookupd: {consumer.lookup_failures[-1].error}")
+        if consumer.connection_errors:
+            error = consumer.connection_errors[-1]
+            cause = error.__cause__
+            text = str(error)
+            if cause is not None and str(cause) not in text:
+                text += f" ({cause})"
+            causes.append(f"nsqd: {text}")
+        if consumer.last_lookup is not None and consumer.last_lookup.producers:
+            causes.append(f"lookupd listed {', '.join(consumer.last_lookup.producers)}")
+        self.failure = ConnectTimeout(
+            f"the nsq source of {o.topic}/{o.channel} has no nsqd to consume from after "
+            f"connect_timeout ({o.connect_timeout:g} s) ({where})"
+            + (f"; last error: {'; '.join(causes)}" if causes else "")
+        )
+        log.error("%s", self.failure)
+        assert self._scope is not None
+        self._scope.cancel()
 
     def _receive(self, message: nsq_anyio.Message) -> None:
         now = anyio.current_time()
@@ -330,8 +385,12 @@ class _Runtime:
             raise
 
     def check(self) -> None:
-        if self.feed.failure is not None:
-            raise RuntimeError("the nsq consumer failed") from self.feed.failure
+        failure = self.feed.failure
+        if failure is None:
+            return
+        if isinstance(failure, ConnectTimeout):
+            raise ConnectTimeout(*failure.args)
+        raise RuntimeError(f"the nsq consumer failed: {failure}") from failure
 
     def close(self) -> None:
         if self.closed:

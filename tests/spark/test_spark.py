@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -386,6 +387,36 @@ def test_bad_source_options_fail_at_load(
         query.stop()
     assert last_line(info.value).startswith("nsq_spark.OptionError: ")
     assert error in last_line(info.value)
+
+
+def test_an_unreachable_nsqd_fails_the_query_after_connect_timeout(
+    spark: Any, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there now
+    started = time.monotonic()
+    query = (
+        spark.readStream.format("nsq")
+        .option("nsqd_tcp_addresses", address)
+        .option("topic", "t")
+        .option("channel", "c")
+        .option("connect_timeout", "2")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        with pytest.raises(Exception) as info:
+            query.awaitTermination(60)
+    finally:
+        query.stop()
+    assert time.monotonic() - started < 20
+    assert last_line(info.value).startswith(
+        "nsq_spark.ConnectTimeout: the nsq source of t/c has no nsqd to consume from after"
+        f" connect_timeout (2 s) (nsqd {address}); last error: nsqd: "
+    )
 
 
 def test_bad_sink_options_fail_before_any_task(spark: Any, tmp_path: Path) -> None:

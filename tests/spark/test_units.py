@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pickle
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +20,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StringType, StructField, StructType
 
-from nsq_spark import SCHEMA, NSQDataSource, NSQInputPartition, NSQStreamReader, OptionError
+from nsq_spark import (
+    SCHEMA,
+    ConnectTimeout,
+    NSQDataSource,
+    NSQInputPartition,
+    NSQStreamReader,
+    OptionError,
+)
 from nsq_spark._options import parse_sink_options, parse_source_options
 from nsq_spark._sink import _requests
 from nsq_spark._source import _message_id
@@ -303,6 +312,37 @@ def test_a_new_reader_continues_the_numbering_and_stop_requeues(
     rows = pa.Table.from_batches([b for p in parts for b in second.read(p)])
     assert sorted(rows.column("body").to_pylist()) == sorted(b"%d" % i for i in range(10))
     assert set(rows.column("attempts").to_pylist()) == {2}  # redelivered: duplicates are visible
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("where", ["nsqd_tcp_addresses", "lookupd_http_addresses"])
+def test_an_unreachable_nsqd_fails_the_reader_after_connect_timeout(where: str) -> None:
+    address = f"127.0.0.1:{closed_port()}"
+    options = {"topic": "t", "channel": "c", where: address, "connect_timeout": "0.5"}
+    reader = NSQStreamReader(parse_source_options(options), SCHEMA, handle_sigterm=False)
+    started = time.monotonic()
+    try:
+        start = reader.initialOffset()
+        with pytest.raises(ConnectTimeout) as info:
+            while time.monotonic() - started < 10:  # Spark asks at every trigger
+                reader.latestOffset(start, ReadMaxRows(10))
+                time.sleep(0.05)
+    finally:
+        reader.stop()
+    assert 0.5 <= time.monotonic() - started < 3
+    message = str(info.value)
+    assert message.startswith(
+        f"the nsq source of t/c has no nsqd to consume from after connect_timeout (0.5 s) "
+        f"({where.split('_')[0]} {address}); last error: "
+    )
+    assert message.endswith("All connection attempts failed")
 
 
 def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
