@@ -845,10 +845,18 @@ class AsyncConsumer(_Client):
                     "rdy": s.rdy,
                     "in_flight": s.in_flight,
                     "partition": s.partition,
+                    # the RDY nsqd allows on it (IDENTIFY's max_rdy_count; None before it)
+                    "max_rdy_count": _max_rdy_count(core, s.conn_id),
                 }
                 for s in core.connections()
             ],
         }
+
+
+def _max_rdy_count(core: ConsumerCore, conn_id: int) -> int | None:
+    conn = core.connection(conn_id)
+    features = None if conn is None else conn.features
+    return None if features is None else features.max_rdy_count
 
 
 class _Waiter:

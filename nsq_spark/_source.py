@@ -141,6 +141,7 @@ class _Feed:
     _consumer: nsq_anyio.Consumer | None = None
     _done: anyio.Event | None = None
     _warned_max_timeout: bool = False
+    _warned_rdy_cap: bool = False
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         o = self.options
@@ -273,8 +274,30 @@ class _Feed:
             else:
                 await message.requeue(delay=0.0, backoff=False)
 
+    def _check_rdy_cap(self) -> None:
+        """Warn (once) when nsqd lets the source hold fewer messages than max_in_flight."""
+        consumer = self._consumer
+        o = self.options
+        if self._warned_rdy_cap or consumer is None or o.ordered:
+            return
+        caps = {
+            c["address"]: c["max_rdy_count"]
+            for c in consumer.stats()["connections"]
+            if c["state"] == "SUBSCRIBED" and c["max_rdy_count"] is not None
+        }
+        if caps and sum(caps.values()) < o.max_in_flight:
+            self._warned_rdy_cap = True
+            log.warning(
+                "max_in_flight %d is above what nsqd allows: the source holds at most %d "
+                "messages (max_rdy_count per connection: %s; nsqd's --max-rdy-count)",
+                o.max_in_flight,
+                sum(caps.values()),
+                ", ".join(f"{address} {cap}" for address, cap in sorted(caps.items())),
+            )
+
     async def advance(self, start: int, limit: tuple[str, int]) -> int:
         """Finish what is before ``start`` and number held messages for the next batch."""
+        self._check_rdy_cap()
         self.next_seq = max(self.next_seq, start)
         await self.finish_before(start)
         kind, amount = limit

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import socket
 import time
@@ -312,6 +313,39 @@ def test_a_new_reader_continues_the_numbering_and_stop_requeues(
     rows = pa.Table.from_batches([b for p in parts for b in second.read(p)])
     assert sorted(rows.column("body").to_pylist()) == sorted(b"%d" % i for i in range(10))
     assert set(rows.column("attempts").to_pylist()) == {2}  # redelivered: duplicates are visible
+
+
+def test_max_in_flight_above_nsqds_cap_is_a_warning(
+    emulator: Emulator, readers: list[NSQStreamReader], caplog: pytest.LogCaptureFixture
+) -> None:
+    def subscribed(reader: NSQStreamReader) -> bool:
+        runtime = reader._runtime
+        assert runtime is not None and runtime.feed._consumer is not None
+        return any(
+            c["state"] == "SUBSCRIBED" for c in runtime.feed._consumer.stats()["connections"]
+        )
+
+    reader = make_reader(emulator, "units-cap", max_in_flight=3000)
+    readers.append(reader)
+    start = reader.initialOffset()
+    wait_for(lambda: subscribed(reader), 10, 0.05)
+    with caplog.at_level(logging.WARNING, logger="nsq_spark"):
+        reader.latestOffset(start, ReadMaxRows(10))
+        reader.latestOffset(start, ReadMaxRows(10))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "nsq_spark"]
+    assert warnings == [
+        "max_in_flight 3000 is above what nsqd allows: the source holds at most 2500 messages"
+        f" (max_rdy_count per connection: {emulator.address} 2500; nsqd's --max-rdy-count)"
+    ]
+    # below the cap: nothing to say
+    caplog.clear()
+    quiet = make_reader(emulator, "units-cap", max_in_flight=2500)
+    readers.append(quiet)
+    start = quiet.initialOffset()
+    wait_for(lambda: subscribed(quiet), 10, 0.05)
+    with caplog.at_level(logging.WARNING, logger="nsq_spark"):
+        quiet.latestOffset(start, ReadMaxRows(10))
+    assert not [r for r in caplog.records if r.name == "nsq_spark"]
 
 
 def closed_port() -> int:
