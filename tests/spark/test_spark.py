@@ -419,6 +419,38 @@ def test_an_unreachable_nsqd_fails_the_query_after_connect_timeout(
     )
 
 
+def test_a_failed_publish_fails_the_write_after_one_try_on_local(
+    spark: Any, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there now
+    rows = spark.range(3, numPartitions=1).selectExpr("cast(id as string) as body")
+    context = spark.sparkContext
+    context.setJobGroup("failed-publish", "a publish to nowhere")
+    try:
+        with pytest.raises(Exception) as info:
+            (
+                rows.write.format("nsq")
+                .option("nsqd_tcp_addresses", address)
+                .option("topic", "t")
+                .option("publish_timeout", "2")
+                .mode("append")
+                .save()
+            )
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert "PublishTimeout: publish 1 not acknowledged in time" in last_line(info.value)
+    # local[N] tries a task once (local[N,M]: M times; a cluster: spark.task.maxFailures)
+    assert context.master == "local[2]"
+    tracker = context.statusTracker()
+    (job,) = tracker.getJobIdsForGroup("failed-publish")
+    job_info = tracker.getJobInfo(job)
+    assert job_info is not None and job_info.status == "FAILED"
+    stages = [tracker.getStageInfo(stage) for stage in job_info.stageIds]
+    assert [(s.numTasks, s.numFailedTasks) for s in stages if s is not None] == [(1, 1)]
+
+
 def test_bad_sink_options_fail_before_any_task(spark: Any, tmp_path: Path) -> None:
     rows = spark.range(3).selectExpr("cast(id as string) as body")
     writer = rows.write.format("nsq").option("nsqd_tcp_addresses", "127.0.0.1:4150")
