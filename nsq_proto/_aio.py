@@ -30,6 +30,7 @@ from ._events import (
     ErrorReceived,
     Event,
     LookupFailed,
+    LookupSucceeded,
     MessageGivenUp,
     MessageReceived,
     PublishFailed,
@@ -690,6 +691,8 @@ class AsyncConsumer(_Client):
         self.errors: deque[ErrorReceived] = deque(maxlen=_KEEP_ERRORS)
         self.lookup_failures: deque[LookupFailed] = deque(maxlen=_KEEP_ERRORS)
         self.connection_errors: deque[BaseException] = deque(maxlen=_KEEP_ERRORS)
+        #: the latest answer of a lookupd (None before the first)
+        self.last_lookup: LookupSucceeded | None = None
 
     async def __aenter__(self) -> Any:
         await self._enter()
@@ -765,6 +768,8 @@ class AsyncConsumer(_Client):
         elif isinstance(event, ErrorReceived):
             self.errors.append(event)
             log.warning("nsqd error on connection %d: %s %s", event.conn_id, event.code, event.text)
+        elif isinstance(event, LookupSucceeded):
+            self.last_lookup = event
         elif isinstance(event, LookupFailed):
             self.lookup_failures.append(event)
             log.warning("lookupd %s:%d failed: %s", *event.address, event.error)
@@ -883,10 +888,18 @@ class AsyncConsumer(_Client):
                     "rdy": s.rdy,
                     "in_flight": s.in_flight,
                     "partition": s.partition,
+                    # the RDY nsqd allows on it (IDENTIFY's max_rdy_count; None before it)
+                    "max_rdy_count": _max_rdy_count(core, s.conn_id),
                 }
                 for s in core.connections()
             ],
         }
+
+
+def _max_rdy_count(core: ConsumerCore, conn_id: int) -> int | None:
+    conn = core.connection(conn_id)
+    features = None if conn is None else conn.features
+    return None if features is None else features.max_rdy_count
 
 
 class _Waiter:

@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING
 from ._datasource import SCHEMA, NSQDataSource
 from ._options import OptionError
 from ._sink import NSQCommitMessage, NSQStreamWriter, NSQWriter
-from ._source import NSQInputPartition, NSQStreamReader
+from ._source import ConnectTimeout, NSQInputPartition, NSQStreamReader
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
     "SCHEMA",
+    "ConnectTimeout",
     "NSQCommitMessage",
     "NSQDataSource",
     "NSQInputPartition",

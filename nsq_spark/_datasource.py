@@ -20,7 +20,7 @@ from pyspark.sql.types import (
 
 from ._options import parse_sink_options, parse_source_options
 from ._sink import NSQStreamWriter, NSQWriter, check_sink_schema
-from ._source import NSQStreamReader
+from ._source import NSQStreamReader, RefusingStreamReader
 
 __all__ = ["NSQDataSource", "SCHEMA"]
 
@@ -60,10 +60,18 @@ class NSQDataSource(DataSource):
         return "nsq"
 
     def schema(self) -> StructType:
+        # Spark asks for the schema when ``.load()`` runs: the options fail here, at once
+        parse_source_options(self.options)
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return NSQStreamReader(parse_source_options(self.options), schema)
+        try:
+            return NSQStreamReader(parse_source_options(self.options), schema)
+        except ValueError as exc:
+            # with a schema given, ``.load()`` does not ask for ours and the options arrive
+            # here first; an exception raised here reaches the user buried under one of
+            # PySpark's own, so the reader fails the query at its first call instead
+            return RefusingStreamReader(exc)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = parse_sink_options(self.options)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nsq_proto import is_valid_channel_name, is_valid_topic_name
+
 __all__ = [
     "OptionError",
     "ConnectionOptions",
@@ -24,6 +26,10 @@ __all__ = [
 
 class OptionError(ValueError):
     """An option of the ``nsq`` data source is missing or malformed."""
+
+
+# tracebacks name it where users import it from
+OptionError.__module__ = "nsq_spark"
 
 
 def _key(name: str) -> str:
@@ -100,10 +106,32 @@ class _Reader:
             return ()
         out = tuple(a.strip() for a in value.split(",") if a.strip())
         for address in out:
+            if "/" in address:
+                raise OptionError(
+                    f"option {name!r}: {address!r} is not host:port (no scheme, no path)"
+                )
             host, sep, port = address.rpartition(":")
-            if not sep or not host or not port.isdigit():
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise OptionError(f"option {name!r}: {address!r} is not host:port")
         return out
+
+    def topic(self, name: str = "topic", *, required: bool = True) -> str | None:
+        value = self.required(name) if required else self.text(name)
+        if value is not None and not is_valid_topic_name(value):
+            raise OptionError(
+                f"option {name!r}: {value!r} is not a topic name (1 to 64 of a-z A-Z 0-9 . _ -,"
+                " optionally ending in #ephemeral)"
+            )
+        return value
+
+    def channel(self, name: str = "channel") -> str:
+        value = self.required(name)
+        if not is_valid_channel_name(value):
+            raise OptionError(
+                f"option {name!r}: {value!r} is not a channel name (1 to 64 of a-z A-Z 0-9 . _"
+                " -, optionally ending in #ephemeral)"
+            )
+        return value
 
     def unknown(self, known: set[str]) -> list[str]:
         return sorted(name for key, (name, _) in self._values.items() if key not in known)
@@ -248,6 +276,7 @@ class SourceOptions:
     ordered: bool = False
     partitions: tuple[int, ...] | None = None
     reconnect_delay: float | None = None
+    connect_timeout: float = 30.0
 
     @property
     def touch_interval(self) -> float:
@@ -287,14 +316,16 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "ordered",
         "partitions",
         "reconnect_delay",
+        "connect_timeout",
     )
 }
 
 
 def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     r = _Reader(options)
-    topic = r.required("topic")
-    channel = r.required("channel")
+    topic = r.topic()
+    assert topic is not None
+    channel = r.channel()
     connection = _connection(r, lookupd_alone_ok=True)
     max_in_flight = r.integer("max_in_flight", 1000, minimum=1)
     per_trigger = r.integer("max_messages_per_trigger", max(1, max_in_flight // 2), minimum=1)
@@ -304,6 +335,8 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     assert max_msg_timeout is not None
     idle = r.seconds("available_now_idle_timeout", 2.0, minimum=0.0)
     assert idle is not None
+    connect_timeout = r.seconds("connect_timeout", 30.0, minimum=0.001)
+    assert connect_timeout is not None
     partitions_text = r.text("partitions")
     partitions: tuple[int, ...] | None = None
     if partitions_text is not None:
@@ -329,6 +362,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         ordered=r.boolean("ordered", False),
         partitions=partitions,
         reconnect_delay=r.seconds("reconnect_delay", None, minimum=0.0),
+        connect_timeout=connect_timeout,
     )
     unknown = r.unknown(_SOURCE_KEYS)
     if unknown:
@@ -389,7 +423,7 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     assert publish_timeout is not None
     parsed = SinkOptions(
         connection=_connection(r, lookupd_alone_ok=True),
-        topic=r.text("topic"),
+        topic=r.topic(required=False),
         batch_size=r.integer("batch_size", 500, minimum=1),
         batch_bytes=r.integer("batch_bytes", 1024 * 1024, minimum=1),
         max_outstanding=r.integer("max_outstanding", 8, minimum=1),

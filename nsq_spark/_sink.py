@@ -1,8 +1,9 @@
 """The sink: ``df.write.format("nsq")`` and ``df.writeStream.format("nsq")``.
 
 Each Spark task publishes its partition's rows with MPUB (DPUB for rows with a ``delay``) and
-returns only once nsqd acknowledged every one; a failed publish fails the task, and Spark runs it
-again: at-least-once, duplicates possible, never a loss.  The producers live in a pool per worker
+returns only once nsqd acknowledged every one; a failed publish fails the task, which Spark tries
+again as its settings say (``spark.task.maxFailures`` on a cluster; ``local[N]`` tries a task
+once, ``local[N,M]`` M times): at-least-once, duplicates possible, never a loss.  The producers live in a pool per worker
 process (one ``nsq_anyio.Producer`` per distinct set of connection options), on an event loop of
 their own, so consecutive tasks and micro-batches reuse their connections.
 """

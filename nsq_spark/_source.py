@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -53,12 +53,26 @@ import nsq_anyio
 from ._loop import LoopThread
 from ._options import SourceOptions
 
-__all__ = ["NSQStreamReader", "NSQInputPartition", "SOURCE_COLUMNS"]
+__all__ = [
+    "ConnectTimeout",
+    "NSQStreamReader",
+    "NSQInputPartition",
+    "RefusingStreamReader",
+    "SOURCE_COLUMNS",
+]
 
 log = logging.getLogger("nsq_spark")
 
 #: the columns the source can produce, in the order of its default schema
 SOURCE_COLUMNS = ("body", "id", "attempts", "timestamp", "topic", "nsqd", "partition", "trace_id")
+
+
+class ConnectTimeout(TimeoutError):
+    """The source found no nsqd to consume from within ``connect_timeout``."""
+
+
+# tracebacks name it where users import it from
+ConnectTimeout.__module__ = "nsq_spark"
 
 
 def _offset(seq: int) -> dict[str, int]:
@@ -127,6 +141,7 @@ class _Feed:
     _consumer: nsq_anyio.Consumer | None = None
     _done: anyio.Event | None = None
     _warned_max_timeout: bool = False
+    _warned_rdy_cap: bool = False
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         o = self.options
@@ -142,6 +157,7 @@ class _Feed:
                     task_status.started()
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._touch_loop)
+                        tg.start_soon(self._connect_deadline, consumer)
                         async for message in consumer:  # ends once the consumer stopped
                             self._receive(message)
                         tg.cancel_scope.cancel()
@@ -153,6 +169,46 @@ class _Feed:
             self._consumer = None
             self._done.set()
             self._arrived.set()
+
+    async def _connect_deadline(self, consumer: nsq_anyio.Consumer) -> None:
+        """Fail the source when it has nothing to consume from ``connect_timeout`` seconds
+        after it started: no subscribed nsqd connection and, with lookupd, no answer that
+        lists no nsqd yet (a topic nobody published to)."""
+        o = self.options
+        with anyio.move_on_after(o.connect_timeout):
+            while True:
+                stats = consumer.stats()
+                if any(c["state"] == "SUBSCRIBED" for c in stats["connections"]):
+                    return
+                lookup = consumer.last_lookup
+                if lookup is not None and not lookup.producers:
+                    return
+                await anyio.sleep(0.05)
+        c = o.connection
+        where = ", ".join(
+            [f"nsqd {a}" for a in c.nsqd_tcp_addresses]
+            + [f"lookupd {a}" for a in c.lookupd_http_addresses]
+        )
+        causes = []
+        if consumer.lookup_failures:
+            causes.append(f"lookupd: {consumer.lookup_failures[-1].error}")
+        if consumer.connection_errors:
+            error = consumer.connection_errors[-1]
+            cause = error.__cause__
+            text = str(error)
+            if cause is not None and str(cause) not in text:
+                text += f" ({cause})"
+            causes.append(f"nsqd: {text}")
+        if consumer.last_lookup is not None and consumer.last_lookup.producers:
+            causes.append(f"lookupd listed {', '.join(consumer.last_lookup.producers)}")
+        self.failure = ConnectTimeout(
+            f"the nsq source of {o.topic}/{o.channel} has no nsqd to consume from after "
+            f"connect_timeout ({o.connect_timeout:g} s) ({where})"
+            + (f"; last error: {'; '.join(causes)}" if causes else "")
+        )
+        log.error("%s", self.failure)
+        assert self._scope is not None
+        self._scope.cancel()
 
     def _receive(self, message: nsq_anyio.Message) -> None:
         now = anyio.current_time()
@@ -218,8 +274,30 @@ class _Feed:
             else:
                 await message.requeue(delay=0.0, backoff=False)
 
+    def _check_rdy_cap(self) -> None:
+        """Warn (once) when nsqd lets the source hold fewer messages than max_in_flight."""
+        consumer = self._consumer
+        o = self.options
+        if self._warned_rdy_cap or consumer is None or o.ordered:
+            return
+        caps = {
+            c["address"]: c["max_rdy_count"]
+            for c in consumer.stats()["connections"]
+            if c["state"] == "SUBSCRIBED" and c["max_rdy_count"] is not None
+        }
+        if caps and sum(caps.values()) < o.max_in_flight:
+            self._warned_rdy_cap = True
+            log.warning(
+                "max_in_flight %d is above what nsqd allows: the source holds at most %d "
+                "messages (max_rdy_count per connection: %s; nsqd's --max-rdy-count)",
+                o.max_in_flight,
+                sum(caps.values()),
+                ", ".join(f"{address} {cap}" for address, cap in sorted(caps.items())),
+            )
+
     async def advance(self, start: int, limit: tuple[str, int]) -> int:
         """Finish what is before ``start`` and number held messages for the next batch."""
+        self._check_rdy_cap()
         self.next_seq = max(self.next_seq, start)
         await self.finish_before(start)
         kind, amount = limit
@@ -330,8 +408,12 @@ class _Runtime:
             raise
 
     def check(self) -> None:
-        if self.feed.failure is not None:
-            raise RuntimeError("the nsq consumer failed") from self.feed.failure
+        failure = self.feed.failure
+        if failure is None:
+            return
+        if isinstance(failure, ConnectTimeout):
+            raise ConnectTimeout(*failure.args)
+        raise RuntimeError(f"the nsq consumer failed: {failure}") from failure
 
     def close(self) -> None:
         if self.closed:
@@ -494,3 +576,35 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         arrays = [pa.array(partition.columns[f.name], type=f.type) for f in arrow_schema]
         yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+
+class RefusingStreamReader(DataSourceStreamReader):
+    """The reader of a source whose options (or schema) are wrong: every call Spark makes
+    raises that error, so the query fails at once with it."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def _refuse(self) -> NoReturn:
+        raise self.error
+
+    def initialOffset(self) -> dict[str, int]:
+        self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        self._refuse()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        self._refuse()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        self._refuse()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        self._refuse()
+
+    def stop(self) -> None:
+        pass

@@ -29,3 +29,11 @@ def test_memory_network_example_runs() -> None:
     nsqd = namespace["nsqd"]
     stats = nsqd.channel_stats("t", "c")
     assert (stats.depth, stats.in_flight_count, stats.message_count) == (0, 0, 1)
+
+
+def test_the_sink_section_says_how_often_a_failed_publish_is_tried() -> None:
+    sink = README.split("### The sink")[1].split("\n### ")[0]
+    # Spark tries a failed task again only as its settings say; local[N] does not
+    assert "`spark.task.maxFailures`" in sink
+    assert "with the master `local[N]`, a task is tried\nonce" in sink
+    assert "`local[N,M]`" in sink

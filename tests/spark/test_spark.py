@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -326,6 +327,156 @@ def test_write_refuses_what_it_cannot_publish(spark: Any, emulator: Emulator) ->
         spark.range(3).write.format("nsq").option("nsqd_tcp_addresses", emulator.address).option(
             "topic", "t"
         ).mode("append").save()
+
+
+def last_line(error: BaseException) -> str:
+    """The last line of what Spark shows for an error (its SQLSTATE suffix and a streaming
+    query's description aside)."""
+    text = str(error).split("=== Streaming Query ===")[0]
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("SQLSTATE")]
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"maxInFlght": "3"}, "unknown option(s) of the nsq source: maxinflght"),
+        ({"channel": None}, "the nsq data source needs the option 'channel'"),
+        ({"topic": None}, "the nsq data source needs the option 'topic'"),
+        ({"nsqd_tcp_addresses": "nohost"}, "'nohost' is not host:port"),
+        ({"nsqd_tcp_addresses": "http://127.0.0.1:4150"}, "is not host:port (no scheme"),
+        ({"max_in_flight": "0"}, "option 'max_in_flight' must be at least 1, not 0"),
+        ({"max_in_flight": "-5"}, "option 'max_in_flight' must be at least 1, not -5"),
+        ({"max_in_flight": "abc"}, "option 'max_in_flight' must be an integer, not 'abc'"),
+        ({"topic": "a b"}, "option 'topic': 'a b' is not a topic name"),
+        ({"channel": "a b"}, "option 'channel': 'a b' is not a channel name"),
+    ],
+)
+def test_bad_source_options_fail_at_load(
+    spark: Any, tmp_path: Path, options: dict[str, str | None], error: str
+) -> None:
+    values: dict[str, str | None] = {
+        "nsqd_tcp_addresses": "127.0.0.1:4150",
+        "topic": "t",
+        "channel": "c",
+        **options,
+    }
+    reader = spark.readStream.format("nsq")
+    for name, value in values.items():
+        if value is not None:
+            reader = reader.option(name, value)
+    with pytest.raises(Exception) as info:
+        reader.load()
+    assert last_line(info.value).startswith("nsq_spark.OptionError: ")
+    assert error in last_line(info.value)
+
+    # given a schema, Spark asks nothing of the source before the query starts: the query
+    # then fails at once, and with the option error as its last line
+    query = (
+        reader.schema("body binary")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        with pytest.raises(Exception) as info:
+            query.awaitTermination(60)
+    finally:
+        query.stop()
+    assert last_line(info.value).startswith("nsq_spark.OptionError: ")
+    assert error in last_line(info.value)
+
+
+def test_an_unreachable_nsqd_fails_the_query_after_connect_timeout(
+    spark: Any, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there now
+    started = time.monotonic()
+    query = (
+        spark.readStream.format("nsq")
+        .option("nsqd_tcp_addresses", address)
+        .option("topic", "t")
+        .option("channel", "c")
+        .option("connect_timeout", "2")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        with pytest.raises(Exception) as info:
+            query.awaitTermination(60)
+    finally:
+        query.stop()
+    assert time.monotonic() - started < 20
+    assert last_line(info.value).startswith(
+        "nsq_spark.ConnectTimeout: the nsq source of t/c has no nsqd to consume from after"
+        f" connect_timeout (2 s) (nsqd {address}); last error: nsqd: "
+    )
+
+
+def test_a_failed_publish_fails_the_write_after_one_try_on_local(
+    spark: Any, tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there now
+    rows = spark.range(3, numPartitions=1).selectExpr("cast(id as string) as body")
+    context = spark.sparkContext
+    context.setJobGroup("failed-publish", "a publish to nowhere")
+    try:
+        with pytest.raises(Exception) as info:
+            (
+                rows.write.format("nsq")
+                .option("nsqd_tcp_addresses", address)
+                .option("topic", "t")
+                .option("publish_timeout", "2")
+                .mode("append")
+                .save()
+            )
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert "PublishTimeout: publish 1 not acknowledged in time" in last_line(info.value)
+    # local[N] tries a task once (local[N,M]: M times; a cluster: spark.task.maxFailures)
+    assert context.master == "local[2]"
+    tracker = context.statusTracker()
+    (job,) = tracker.getJobIdsForGroup("failed-publish")
+    job_info = tracker.getJobInfo(job)
+    assert job_info is not None and job_info.status == "FAILED"
+    stages = [tracker.getStageInfo(stage) for stage in job_info.stageIds]
+    assert [(s.numTasks, s.numFailedTasks) for s in stages if s is not None] == [(1, 1)]
+
+
+def test_bad_sink_options_fail_before_any_task(spark: Any, tmp_path: Path) -> None:
+    rows = spark.range(3).selectExpr("cast(id as string) as body")
+    writer = rows.write.format("nsq").option("nsqd_tcp_addresses", "127.0.0.1:4150")
+    with pytest.raises(Exception) as info:
+        writer.option("topic", "a b").mode("append").save()
+    assert last_line(info.value) == (
+        "nsq_spark.OptionError: option 'topic': 'a b' is not a topic name (1 to 64 of"
+        " a-z A-Z 0-9 . _ -, optionally ending in #ephemeral)"
+    )
+    with pytest.raises(Exception) as info:
+        writer.option("topic", "t").option("batch_size", "0").mode("append").save()
+    assert last_line(info.value).startswith("nsq_spark.OptionError: option 'batch_size'")
+    stream = (
+        spark.readStream.format("rate")
+        .load()
+        .selectExpr("cast(value as string) as body")
+        .writeStream.format("nsq")
+        .option("nsqd_tcp_addresses", "127.0.0.1:4150")
+        .option("topic", "a b")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+    )
+    with pytest.raises(Exception) as info:
+        stream.start().awaitTermination(60)
+    assert "nsq_spark.OptionError: option 'topic': 'a b' is not a topic name" in last_line(
+        info.value
+    )
 
 
 def test_stream_from_topic_to_topic(spark: Any, emulator: Emulator, tmp_path: Path) -> None:

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +21,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StringType, StructField, StructType
 
-from nsq_spark import SCHEMA, NSQDataSource, NSQInputPartition, NSQStreamReader, OptionError
+from nsq_spark import (
+    SCHEMA,
+    ConnectTimeout,
+    NSQDataSource,
+    NSQInputPartition,
+    NSQStreamReader,
+    OptionError,
+)
 from nsq_spark._options import parse_sink_options, parse_source_options
 from nsq_spark._sink import _requests
 from nsq_spark._source import _message_id
@@ -80,6 +90,25 @@ def test_source_options_defaults_and_spellings() -> None:
             {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "maxInFlght": "3"},
             "maxInFlght",
         ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "max_in_flight": "-5"},
+            "at least 1",
+        ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "max_in_flight": "abc"},
+            "integer",
+        ),
+        ({"topic": "a b", "channel": "c", "nsqd_tcp_addresses": "a:1"}, "not a topic name"),
+        ({"topic": "t", "channel": "c" * 65, "nsqd_tcp_addresses": "a:1"}, "not a channel"),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "http://127.0.0.1:4150"},
+            "no scheme",
+        ),
+        (
+            {"topic": "t", "channel": "c", "lookupd_http_addresses": "127.0.0.1:4161/lookup"},
+            "no scheme",
+        ),
+        ({"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:70000"}, "host:port"),
     ],
 )
 def test_source_option_errors(options: dict[str, str], message: str) -> None:
@@ -87,7 +116,27 @@ def test_source_option_errors(options: dict[str, str], message: str) -> None:
         parse_source_options(options)
 
 
+def test_source_options_are_checked_when_spark_asks_for_the_schema() -> None:
+    options = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1"}
+    assert NSQDataSource(options).schema() == SCHEMA
+    with pytest.raises(OptionError, match="'channel'"):
+        NSQDataSource({"topic": "t", "nsqd_tcp_addresses": "a:1"}).schema()
+    # given a schema, Spark first meets the options in streamReader(): the reader it gets
+    # fails the query at its first call, with the option error itself
+    reader = NSQDataSource({**options, "max_in_flight": "0"}).streamReader(SCHEMA)
+    with pytest.raises(OptionError, match="max_in_flight"):
+        reader.initialOffset()
+    with pytest.raises(OptionError, match="max_in_flight"):
+        reader.latestOffset({"seq": 0}, ReadAllAvailable())
+    reader.stop()
+    narrow = StructType([StructField("nope", StringType())])
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        NSQDataSource(options).streamReader(narrow).initialOffset()
+
+
 def test_sink_options() -> None:
+    with pytest.raises(OptionError, match="not a topic name"):
+        parse_sink_options({"nsqd_tcp_addresses": "a:1", "topic": "a b"})
     o = parse_sink_options({"nsqd_tcp_addresses": "a:1", "batchSize": "10", "deflate_level": "3"})
     assert (o.topic, o.batch_size, o.max_outstanding) == (None, 10, 8)
     assert o.producer_kwargs()["nsqd_tcp_addresses"] == ["a:1"]
@@ -264,6 +313,70 @@ def test_a_new_reader_continues_the_numbering_and_stop_requeues(
     rows = pa.Table.from_batches([b for p in parts for b in second.read(p)])
     assert sorted(rows.column("body").to_pylist()) == sorted(b"%d" % i for i in range(10))
     assert set(rows.column("attempts").to_pylist()) == {2}  # redelivered: duplicates are visible
+
+
+def test_max_in_flight_above_nsqds_cap_is_a_warning(
+    emulator: Emulator, readers: list[NSQStreamReader], caplog: pytest.LogCaptureFixture
+) -> None:
+    def subscribed(reader: NSQStreamReader) -> bool:
+        runtime = reader._runtime
+        assert runtime is not None and runtime.feed._consumer is not None
+        return any(
+            c["state"] == "SUBSCRIBED" for c in runtime.feed._consumer.stats()["connections"]
+        )
+
+    reader = make_reader(emulator, "units-cap", max_in_flight=3000)
+    readers.append(reader)
+    start = reader.initialOffset()
+    wait_for(lambda: subscribed(reader), 10, 0.05)
+    with caplog.at_level(logging.WARNING, logger="nsq_spark"):
+        reader.latestOffset(start, ReadMaxRows(10))
+        reader.latestOffset(start, ReadMaxRows(10))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "nsq_spark"]
+    assert warnings == [
+        "max_in_flight 3000 is above what nsqd allows: the source holds at most 2500 messages"
+        f" (max_rdy_count per connection: {emulator.address} 2500; nsqd's --max-rdy-count)"
+    ]
+    # below the cap: nothing to say
+    caplog.clear()
+    quiet = make_reader(emulator, "units-cap", max_in_flight=2500)
+    readers.append(quiet)
+    start = quiet.initialOffset()
+    wait_for(lambda: subscribed(quiet), 10, 0.05)
+    with caplog.at_level(logging.WARNING, logger="nsq_spark"):
+        quiet.latestOffset(start, ReadMaxRows(10))
+    assert not [r for r in caplog.records if r.name == "nsq_spark"]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("where", ["nsqd_tcp_addresses", "lookupd_http_addresses"])
+def test_an_unreachable_nsqd_fails_the_reader_after_connect_timeout(where: str) -> None:
+    address = f"127.0.0.1:{closed_port()}"
+    options = {"topic": "t", "channel": "c", where: address, "connect_timeout": "0.5"}
+    reader = NSQStreamReader(parse_source_options(options), SCHEMA, handle_sigterm=False)
+    started = time.monotonic()
+    try:
+        start = reader.initialOffset()
+        with pytest.raises(ConnectTimeout) as info:
+            while time.monotonic() - started < 10:  # Spark asks at every trigger
+                reader.latestOffset(start, ReadMaxRows(10))
+                time.sleep(0.05)
+    finally:
+        reader.stop()
+    assert 0.5 <= time.monotonic() - started < 3
+    message = str(info.value)
+    assert message.startswith(
+        f"the nsq source of t/c has no nsqd to consume from after connect_timeout (0.5 s) "
+        f"({where.split('_')[0]} {address}); last error: "
+    )
+    assert message.endswith("All connection attempts failed")
 
 
 def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
