@@ -37,3 +37,29 @@ def test_the_sink_section_says_how_often_a_failed_publish_is_tried() -> None:
     assert "`spark.task.maxFailures`" in sink
     assert "with the master `local[N]`, a task is tried\nonce" in sink
     assert "`local[N,M]`" in sink
+
+
+def test_blocking_example_runs_against_a_served_emulator() -> None:
+    import threading
+
+    from nsq_anyio.blocking import Consumer
+
+    from .adapters.test_cli import serve
+
+    code = block("from nsq_anyio.blocking import")
+    with serve() as addresses:
+        nsqd = addresses["nsqd TCP"]
+        code = code.replace('"127.0.0.1:4150"', repr(nsqd))
+        # the example's last consumer runs until stopped: stop it once it is waiting
+        started = Consumer.run
+
+        def run_then_stop(self: Consumer, handler: Any, threads: int = 4) -> None:
+            threading.Timer(1.0, self.stop).start()
+            started(self, handler, threads)
+
+        namespace: dict[str, Any] = {}
+        Consumer.run = run_then_stop  # type: ignore[method-assign]
+        try:
+            exec(compile(code, "README.md", "exec"), namespace)
+        finally:
+            Consumer.run = started  # type: ignore[method-assign]

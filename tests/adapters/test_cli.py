@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,8 +28,9 @@ def test_demo_round_trip() -> None:
     assert "round trip OK" in out.stdout
 
 
-@pytest.fixture
-def server() -> Iterator[dict[str, str]]:
+@contextlib.contextmanager
+def serve() -> Iterator[dict[str, str]]:
+    """``python -m nsq_anyio serve`` on free loopback ports; its addresses by name."""
     proc = subprocess.Popen(
         [*PY, "serve", "--tcp-port", "0", "--http-port", "0", "--lookupd-http-port", "0"],
         stdout=subprocess.PIPE,
@@ -50,6 +52,12 @@ def server() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+@pytest.fixture
+def server() -> Iterator[dict[str, str]]:
+    with serve() as addresses:
+        yield addresses
 
 
 def test_pub_then_tail_through_lookupd(server: dict[str, str]) -> None:

@@ -1,0 +1,316 @@
+"""A blocking API for synchronous code: the same Producer and Consumer, driven by an event
+loop in a background thread.
+
+.. code-block:: python
+
+    from nsq_anyio.blocking import Consumer, Producer
+
+    with Producer(nsqd_tcp_addresses=["127.0.0.1:4150"]) as producer:
+        producer.publish("clicks", b"body")  # returns once nsqd said OK
+
+    with Consumer("clicks", "archive", nsqd_tcp_addresses=["127.0.0.1:4150"]) as consumer:
+        for message in consumer:
+            message.finish()
+
+Options and errors are those of :class:`nsq_anyio.Producer` / :class:`nsq_anyio.Consumer`.
+Each object runs its own event-loop thread, started when its ``with`` block is entered and
+joined when it is left, so an object made before a pre-fork server forks is safe to use in
+the children.  A producer is thread-safe: any number of threads may publish through it at
+once, over its pipelined connections.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack
+from types import TracebackType
+from typing import Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from nsq_proto import TraceReceipt
+from nsq_proto._aio import AsyncMessage
+
+from ._consumer import Consumer as AsyncConsumer
+from ._producer import Producer as AsyncProducer
+
+__all__ = ["Consumer", "Message", "Producer"]
+
+
+class _Runner:
+    """One event-loop thread and the async object it drives (entered and left in one task)."""
+
+    def __init__(self, backend: str) -> None:
+        self._backend = backend
+        self._stack: ExitStack | None = None
+        self.portal: BlockingPortal | None = None
+
+    def enter(self, make: Callable[[], Any]) -> Any:
+        if self._stack is not None:
+            raise RuntimeError("this object is already open")
+        stack = ExitStack()
+        try:
+            portal = stack.enter_context(start_blocking_portal(self._backend))
+            client = stack.enter_context(portal.wrap_async_context_manager(make()))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        self.portal = portal
+        return client
+
+    def exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack, self.portal = self._stack, None, None
+        if stack is not None:
+            stack.__exit__(exc_type, exc, tb)
+
+    def call(self, func: Callable[..., Any], *args: Any) -> Any:
+        portal = self.portal
+        if portal is None:
+            raise RuntimeError("use the object inside its 'with' block")
+        return portal.call(func, *args)
+
+
+class Producer(AbstractContextManager["Producer"]):
+    """Publish from synchronous code; every option of :class:`nsq_anyio.Producer`."""
+
+    def __init__(self, *, backend: str = "asyncio", **options: Any) -> None:
+        self._options = options
+        self._runner = _Runner(backend)
+        self._producer: AsyncProducer | None = None
+
+    def __enter__(self) -> Producer:
+        self._producer = self._runner.enter(lambda: AsyncProducer(**self._options))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._runner.exit(exc_type, exc, tb)
+        self._producer = None
+
+    def _client(self) -> AsyncProducer:
+        if self._producer is None:
+            raise RuntimeError("use the producer inside its 'with' block")
+        return self._producer
+
+    def publish(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        delay: float | None = None,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> TraceReceipt | None:
+        """PUB (DPUB with ``delay``); returns once nsqd acknowledged it."""
+        producer = self._client()
+
+        async def publish() -> TraceReceipt | None:
+            return await producer.publish(
+                topic,
+                body,
+                delay=delay,
+                partition=partition,
+                sharding_key=sharding_key,
+                trace_id=trace_id,
+                ext=ext,
+            )
+
+        result: TraceReceipt | None = self._runner.call(publish)
+        return result
+
+    def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        *,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> TraceReceipt | None:
+        """MPUB: all or nothing, once nsqd acknowledged it."""
+        producer = self._client()
+        batch = list(bodies)
+
+        async def publish_many() -> TraceReceipt | None:
+            return await producer.publish_many(
+                topic, batch, partition=partition, sharding_key=sharding_key, ext=ext
+            )
+
+        result: TraceReceipt | None = self._runner.call(publish_many)
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        producer = self._client()
+
+        async def stats() -> dict[str, Any]:
+            return producer.stats()
+
+        result: dict[str, Any] = self._runner.call(stats)
+        return result
+
+
+class Message:
+    """A delivered message; answer it once (from any thread): :meth:`finish` or
+    :meth:`requeue` (:meth:`touch` buys time first)."""
+
+    __slots__ = ("_message", "_runner")
+
+    def __init__(self, message: AsyncMessage, runner: _Runner) -> None:
+        self._message = message
+        self._runner = runner
+
+    @property
+    def id(self) -> bytes:
+        return self._message.id
+
+    @property
+    def body(self) -> bytes:
+        return self._message.body
+
+    @property
+    def attempts(self) -> int:
+        return self._message.attempts
+
+    @property
+    def timestamp(self) -> int:
+        return self._message.timestamp
+
+    @property
+    def nsqd_address(self) -> str:
+        return self._message.nsqd_address
+
+    @property
+    def has_responded(self) -> bool:
+        return self._message.has_responded
+
+    def finish(self) -> None:
+        self._runner.call(self._message.finish)
+
+    def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+        self._runner.call(self._message.requeue, delay, backoff)
+
+    def touch(self) -> None:
+        self._runner.call(self._message.touch)
+
+    def __repr__(self) -> str:
+        return repr(self._message)
+
+
+class Consumer(AbstractContextManager["Consumer"]):
+    """Consume from synchronous code; every option of :class:`nsq_anyio.Consumer`.
+
+    Iterate for manual answers, or :meth:`run` a handler in a pool of threads.  Leaving the
+    ``with`` block (Ctrl-C included) stops gracefully: CLS, the messages still held are
+    waited for up to ``stop_timeout``, and what is left is requeued."""
+
+    def __init__(
+        self, topic: str, channel: str, *, backend: str = "asyncio", **options: Any
+    ) -> None:
+        self._args = (topic, channel)
+        self._options = options
+        self._runner = _Runner(backend)
+        self._consumer: AsyncConsumer | None = None
+
+    def __enter__(self) -> Consumer:
+        self._consumer = self._runner.enter(lambda: AsyncConsumer(*self._args, **self._options))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._runner.exit(exc_type, exc, tb)
+        self._consumer = None
+
+    def _client(self) -> AsyncConsumer:
+        if self._consumer is None:
+            raise RuntimeError("use the consumer inside its 'with' block")
+        return self._consumer
+
+    def __iter__(self) -> Iterator[Message]:
+        consumer = self._client()
+
+        async def next_message() -> AsyncMessage | None:
+            try:
+                message: AsyncMessage = await consumer.__anext__()
+            except StopAsyncIteration:
+                return None
+            return message
+
+        while (message := self._runner.call(next_message)) is not None:
+            yield Message(message, self._runner)
+
+    def run(self, handler: Callable[[Message], object], threads: int = 4) -> None:
+        """Handler style in ``threads`` threads: returning FINishes, raising REQueues with
+        backoff.  Returns when the consumer stops (Ctrl-C stops it gracefully)."""
+        if threads < 1:
+            raise ValueError("threads must be at least 1")
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                for message in self:
+                    try:
+                        handler(message)
+                    except Exception:
+                        if not message.has_responded:
+                            message.requeue()
+                    else:
+                        if not message.has_responded:
+                            message.finish()
+            except BaseException as exc:  # a broken loop: reported by run()
+                errors.append(exc)
+
+        workers = [
+            threading.Thread(target=work, name=f"nsq-handler-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for worker in workers:
+            worker.start()
+        try:
+            for worker in workers:
+                while worker.is_alive():
+                    worker.join(0.2)  # wakes up for Ctrl-C
+        except KeyboardInterrupt:
+            self.stop()
+            for worker in workers:
+                worker.join()
+            raise
+        if errors:
+            raise errors[0]
+
+    def stop(self) -> None:
+        """Stop gracefully now (leaving the ``with`` block does the same)."""
+        self._runner.call(self._client().stop)
+
+    def stats(self) -> dict[str, Any]:
+        consumer = self._client()
+
+        async def stats() -> dict[str, Any]:
+            return consumer.stats()
+
+        result: dict[str, Any] = self._runner.call(stats)
+        return result
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        consumer = self._client()
+
+        async def change() -> None:
+            consumer.set_max_in_flight(max_in_flight)
+
+        self._runner.call(change)

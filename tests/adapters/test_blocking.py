@@ -1,0 +1,177 @@
+"""The blocking API from plain threads, against the emulator served by another process."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from nsq_anyio.blocking import Consumer, Message, Producer
+
+from .test_cli import server
+
+__all__ = ["server"]
+
+
+def channel_stats(http: str, topic: str, channel: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{http}/stats?format=json&topic={topic}") as r:
+        data = json.load(r)
+    (t,) = [t for t in data["topics"] if t["topic_name"] == topic]
+    (c,) = [c for c in t["channels"] if c["channel_name"] == channel]
+    return dict(c)
+
+
+def test_a_script_publishes_and_consumes(server: dict[str, str]) -> None:
+    nsqd = server["nsqd TCP"]
+    threads_before = threading.active_count()
+    with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
+        producer.publish("orders", b"one")
+        producer.publish_many("orders", [b"two", b"three"])
+    got = []
+    with Consumer("orders", "c", nsqd_tcp_addresses=[nsqd], max_in_flight=10) as consumer:
+        for message in consumer:
+            got.append(message.body)
+            message.finish()
+            if len(got) == 3:
+                break
+    assert sorted(got) == [b"one", b"three", b"two"]
+    assert threading.active_count() == threads_before  # no thread left behind
+    stats = channel_stats(server["nsqd HTTP"], "orders", "c")
+    assert (stats["depth"], stats["in_flight_count"]) == (0, 0)
+
+
+def test_many_threads_publish_through_one_producer(server: dict[str, str]) -> None:
+    nsqd = server["nsqd TCP"]
+    with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
+
+        def publish(k: int) -> None:
+            for i in range(50):
+                producer.publish("many", b"%d-%d" % (k, i))
+
+        workers = [threading.Thread(target=publish, args=(k,)) for k in range(8)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert max(c["outstanding"] for c in producer.stats()["connections"]) <= 8
+    with urllib.request.urlopen(f"http://{server['nsqd HTTP']}/stats?format=json&topic=many") as r:
+        (topic,) = json.load(r)["topics"]
+    assert topic["message_count"] == 400
+
+
+def test_run_handlers_in_threads_and_stop(server: dict[str, str]) -> None:
+    nsqd = server["nsqd TCP"]
+    with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
+        producer.publish_many("work", [b"%d" % i for i in range(40)])
+    lock = threading.Lock()
+    running = peak = done = 0
+    failed_once: set[bytes] = set()
+
+    def handler(message: Message) -> None:
+        nonlocal running, peak, done
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        if message.body == b"7" and message.body not in failed_once:
+            failed_once.add(message.body)
+            raise ValueError("requeued, then done")
+        with lock:
+            done += 1
+
+    with Consumer(
+        "work",
+        "c",
+        nsqd_tcp_addresses=[nsqd],
+        max_in_flight=20,
+        default_requeue_delay=0.0,
+        backoff=False,
+    ) as consumer:
+
+        def stop_when_done() -> None:
+            while done < 40:
+                time.sleep(0.02)
+            consumer.stop()
+
+        stopper = threading.Thread(target=stop_when_done)
+        stopper.start()
+        started = time.monotonic()
+        consumer.run(handler, threads=4)
+        stopper.join()
+        assert time.monotonic() - started < 10
+    assert peak == 4 and done == 40
+    stats = channel_stats(server["nsqd HTTP"], "work", "c")
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 1)
+
+
+def _child(nsqd: str, producer: Producer, out: Any) -> None:
+    with producer:
+        producer.publish("forked", b"from the child %d" % os.getpid())
+    out.put("ok")
+
+
+def test_an_object_made_before_a_fork_works_in_the_child(server: dict[str, str]) -> None:
+    nsqd = server["nsqd TCP"]
+    producer = Producer(nsqd_tcp_addresses=[nsqd])  # no thread yet: that starts in 'with'
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    children = [ctx.Process(target=_child, args=(nsqd, producer, out)) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(30)
+    assert [out.get(timeout=5) for _ in children] == ["ok", "ok"]
+    assert all(child.exitcode == 0 for child in children)
+
+
+SCRIPT = """
+import sys, time
+from nsq_anyio.blocking import Consumer
+
+def handler(message):
+    print("handling", flush=True)
+    time.sleep(0.3)
+
+with Consumer("slow", "c", nsqd_tcp_addresses=[sys.argv[1]], max_in_flight=5) as consumer:
+    consumer.run(handler, threads=2)
+"""
+
+
+def test_ctrl_c_stops_gracefully_and_loses_nothing(server: dict[str, str]) -> None:
+    nsqd = server["nsqd TCP"]
+    with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
+        producer.publish_many("slow", [b"%d" % i for i in range(30)])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, nsqd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "handling"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    stats = channel_stats(server["nsqd HTTP"], "slow", "c")
+    # what was handled was finished, the rest requeued at once: nothing in flight, nothing lost
+    assert stats["in_flight_count"] == 0 and stats["message_count"] == 30
+    finished = 30 - stats["depth"]
+    assert 1 <= finished < 30
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_either_event_loop(server: dict[str, str], backend: str) -> None:
+    with Producer(nsqd_tcp_addresses=[server["nsqd TCP"]], backend=backend) as producer:
+        producer.publish("loops", backend.encode())
