@@ -13,11 +13,14 @@ awaiting ``--handler-sleep`` seconds, as a handler doing I/O would: with 100 han
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import time
+import uuid
 from typing import Any
 
 import anyio
+import bare
 
 
 async def pub(args: argparse.Namespace, lib: Any) -> float:
@@ -87,6 +90,11 @@ def main() -> None:
     parser.add_argument(
         "--handler-sleep", type=float, default=0.0, help="seconds each handler awaits"
     )
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="also run the bare asyncio socket loop (benchmarks/bare.py) in the same run",
+    )
     parser.add_argument("--outstanding", type=int, default=8, help="MPUBs in flight")
     parser.add_argument("--backend", choices=["asyncio", "trio", "nsq_trio"], default="asyncio")
     args = parser.parse_args()
@@ -98,6 +106,18 @@ def main() -> None:
         backend = args.backend
     runner = pub if args.mode == "pub" else sub
     rate = anyio.run(runner, args, lib, backend=backend)
+    if args.bare:
+        # the same work on topics of its own, through raw frames on asyncio streams
+        topic = f"{args.topic}_bare_{uuid.uuid4().hex[:8]}"
+        address = args.nsqd_tcp_address
+        if args.mode == "pub":
+            bare_rate = asyncio.run(
+                bare.pub(address, topic, args.count, args.size, args.outstanding)
+            )
+        else:
+            asyncio.run(bare.pub(address, topic, args.count + 1000, args.size))
+            bare_rate = asyncio.run(bare.sub(address, topic, "bench", args.count))
+        print(f"bare_{args.mode}_msgs_per_s={bare_rate:.1f} ratio={rate / bare_rate:.2f}")
     print(
         f"backend={args.backend} count={args.count} size={args.size} "
         f"concurrency={args.concurrency} handler_sleep={args.handler_sleep}"
