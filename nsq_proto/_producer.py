@@ -56,6 +56,7 @@ _RETRY_CODES = frozenset(
 )
 
 _PUB = "PUB"
+_NO_DPUB = "the partitioned server has no DPUB (deferred publish): publish without a delay"
 _MPUB = "MPUB"
 _DPUB = "DPUB"
 
@@ -119,6 +120,8 @@ class _Request:
     deadline: float
     #: the JSON extension header (PUB_EXT/MPUB_EXT), if any
     ext: bytes | None = None
+    #: the header has the key ``##trace_id``: the server answers PUB_EXT with a receipt
+    ext_traced: bool = False
     attempts: int = 0
     conn_id: ConnId = 0
 
@@ -292,6 +295,18 @@ class Producer(MultiConnectionCore[_PConn]):
     def _wanted_address(self, address: tuple[str, int]) -> bool:
         return any(address in r.partitions.values() for r in self._routes.values())
 
+    def _partitioned(self, topic: str) -> bool:
+        """Known to be served by the partitioned server (its lookup, or a connection)."""
+        route = self._routes.get(topic)
+        if route is not None and route.partitions:
+            return True
+        return any(self._is_partitioned(rec) for rec in self._conns.values())
+
+    @staticmethod
+    def _is_partitioned(rec: _PConn) -> bool:
+        features = rec.conn.features
+        return features is not None and features.partitioned
+
     def _broken(self) -> NSQError | None:
         """A permanent failure, when every place a request could go has one."""
         permanent = self._permanent
@@ -336,6 +351,7 @@ class Producer(MultiConnectionCore[_PConn]):
         trace_ids: list[int] | None = None,
         delay: float = 0.0,
         ext: bytes | None = None,
+        ext_traced: bool = False,
     ) -> int:
         if self._closing:
             raise LocalProtocolError("the producer is closing")
@@ -372,6 +388,7 @@ class Producer(MultiConnectionCore[_PConn]):
             delay,
             now + self.config.publish_timeout,
             ext,
+            ext_traced,
         )
         self._requests[rid] = req
         self._queue.append(req)
@@ -399,13 +416,18 @@ class Producer(MultiConnectionCore[_PConn]):
         if trace_id is not None:
             cmd.pub_trace("t", trace_id, b"x")  # validates the trace id now
         header = None
+        ext_traced = False
         if ext is not None:
             fields = dict(ext)
             if trace_id is not None:
                 fields["##trace_id"] = str(trace_id)  # PUB_EXT carries the trace id itself
                 trace_id = None
             header = cmd.encode_ext_header(fields)
+            # decided by the header's keys, never by its text (a value may read "##trace_id")
+            ext_traced = "##trace_id" in fields
         kind = _DPUB if delay is not None else _PUB
+        if kind == _DPUB and self._partitioned(topic):
+            raise LocalProtocolError(_NO_DPUB)
         return self._new_request(
             topic,
             kind,
@@ -416,6 +438,7 @@ class Producer(MultiConnectionCore[_PConn]):
             trace_ids=None if trace_id is None else [trace_id],
             delay=delay or 0.0,
             ext=header,
+            ext_traced=ext_traced,
         )
 
     def publish_many(
@@ -456,8 +479,7 @@ class Producer(MultiConnectionCore[_PConn]):
             return cmd.dpub(req.topic, round(req.delay * 1000), req.bodies[0]), False
         if req.ext is not None:
             if req.kind == _PUB:
-                traced = b'"##trace_id"' in req.ext  # then nsqd answers with the receipt
-                return cmd.pub_ext(req.topic, req.bodies[0], req.ext, partition), traced
+                return cmd.pub_ext(req.topic, req.bodies[0], req.ext, partition), req.ext_traced
             return cmd.mpub_ext(req.topic, [(req.ext, b) for b in req.bodies], partition), False
         if req.kind == _PUB:
             if req.trace_ids is not None:
@@ -528,6 +550,9 @@ class Producer(MultiConnectionCore[_PConn]):
                 skipped.append(req)
                 if address is None:
                     break  # every connection is busy: keep FIFO order
+                continue
+            if req.kind == _DPUB and self._is_partitioned(rec):
+                self._fail(req, LocalProtocolError(_NO_DPUB))
                 continue
             data, traced = self._encode(req, partition)
             req.attempts += 1

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from nsq_proto import (
+    ConnectionClosed,
     Consumer,
     ConsumerConfig,
     Event,
+    LocalProtocolError,
     MessageReceived,
     Producer,
     ProducerConfig,
+    PublishFailed,
     PublishSucceeded,
 )
 from nsq_proto.testing import Cluster, Lookupd, MemoryNetwork, Nsqd, NsqdOptions
@@ -288,3 +293,47 @@ def test_extension_headers_and_trace_ids_on_an_extended_topic() -> None:
     assert one.ext_version == 4 and one.trace_id == 77
     assert one.ext_data is not None and b'"k":"v"' in one.ext_data
     assert got[b"two"].ext_data == b'{"n":"2"}'
+
+
+def test_a_header_value_that_reads_like_the_trace_key_is_not_a_trace() -> None:
+    # only the key "##trace_id" asks the server for a trace receipt, not the text anywhere
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("events", net.now, partitions=1, ext=True)
+    cluster.create_channel("events", "c", net.now)
+    producer = Producer(ProducerConfig(), lookupd_http_addresses=["127.0.0.1:4161"])
+    net.attach(producer)
+    net.start()
+    first = producer.publish("events", b"one", net.now, ext={"note": "##trace_id"})
+    second = producer.publish("events", b"two", net.now, ext={"k": "v"})
+    net.run_until_idle()
+    events = net.take_events(producer)
+    done = {e.request_id: e for e in events if isinstance(e, PublishSucceeded)}
+    assert set(done) == {first, second}
+    assert done[first].receipt is None
+    assert not [e for e in events if isinstance(e, ConnectionClosed)]
+    assert cluster.nodes[0].topic_stats("events", partition=0).message_count == 2
+
+
+def test_a_deferred_publish_to_the_partitioned_server_is_refused_locally() -> None:
+    # the server would answer DPUB with a fatal E_INVALID, dropping pipelined neighbours
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("events", net.now, partitions=1)
+    cluster.create_channel("events", "c", net.now)
+    producer = Producer(ProducerConfig(), lookupd_http_addresses=["127.0.0.1:4161"])
+    net.attach(producer)
+    net.start()
+    plain = producer.publish("events", b"one", net.now)
+    deferred = producer.publish("events", b"later", net.now, delay=1.0)
+    after = producer.publish("events", b"two", net.now)
+    net.run_until_idle()
+    events = net.take_events(producer)
+    done = {e.request_id for e in events if isinstance(e, PublishSucceeded)}
+    (failed,) = [e for e in events if isinstance(e, PublishFailed)]
+    assert done == {plain, after} and failed.request_id == deferred
+    assert isinstance(failed.error, LocalProtocolError) and "DPUB" in str(failed.error)
+    assert not [e for e in events if isinstance(e, ConnectionClosed)]
+    # once the topology is known, at once
+    with pytest.raises(LocalProtocolError, match="DPUB"):
+        producer.publish("events", b"later", net.now, delay=1.0)
