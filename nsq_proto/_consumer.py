@@ -750,6 +750,8 @@ class Consumer(MultiConnectionCore[_Conn]):
     ) -> bool:
         """REQ.  ``delay`` None grows with attempts (go-nsq: default_requeue_delay x attempts,
         capped at max_requeue_delay).  ``backoff`` makes it count as a failure for backoff.
+        On a SUB_ORDERED connection the REQ goes out without a delay: the partitioned server
+        ignores a delayed REQ there, and the partition cannot move on past the message anyway.
 
         The REQ of an older copy (``attempts`` below the newest delivery's) is not sent: it
         would requeue the newer delivery, which the application is still processing."""
@@ -764,6 +766,10 @@ class Consumer(MultiConnectionCore[_Conn]):
         cfg = self.config
         if delay is None:
             delay = min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+        if rec.ordered:
+            # the partitioned server ignores a REQ with a delay on an ordered channel (the
+            # message would come back only after msg_timeout): requeue it at once
+            delay = 0.0
         self.messages_requeued += 1
         if backoff:
             # RDY 0 goes out before the REQ (go-nsq sends it after): otherwise nsqd may hand

@@ -337,3 +337,30 @@ def test_a_deferred_publish_to_the_partitioned_server_is_refused_locally() -> No
     # once the topology is known, at once
     with pytest.raises(LocalProtocolError, match="DPUB"):
         producer.publish("events", b"later", net.now, delay=1.0)
+
+
+def test_requeue_on_an_ordered_channel_is_sent_without_a_delay() -> None:
+    # the partitioned server ignores a REQ with a delay on ordered channels: the message
+    # would only come back after msg_timeout (60 s by default)
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("orders", net.now, partitions=1, ordered=True)
+    cluster.create_channel("orders", "c", net.now)
+    received: list[MessageReceived] = []
+    consumer = Consumer(
+        "orders",
+        "c",
+        ConsumerConfig(max_in_flight=5, backoff=False),
+        lookupd_http_addresses=["127.0.0.1:4161"],
+    )
+    net.attach(consumer, lambda e: received.append(e) if isinstance(e, MessageReceived) else None)
+    net.start()
+    cluster.nodes[0].publish("orders", b"first", net.now, partition=0)
+    net.advance(1.0)
+    (event,) = received
+    consumer.requeue(event.conn_id, event.message.id, net.now, delay=30.0)
+    net.advance(1.0)
+    assert [(e.message.body, e.message.attempts) for e in received] == [
+        (b"first", 1),
+        (b"first", 2),
+    ]
