@@ -200,6 +200,12 @@ class Consumer(MultiConnectionCore[_Conn]):
         lookupd = [parse_address(a) for a in lookupd_http_addresses]
         if not self._nsqd and not lookupd:
             raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        if self.config.ordered and self._nsqd and not lookupd and not self.config.partitions:
+            # SUB_ORDERED names a partition: without lookupd to learn them, say which
+            raise ConfigError(
+                "ordered=True with nsqd_tcp_addresses needs partitions=[...] "
+                "(or lookupd_http_addresses, to learn the topic's partitions)"
+            )
         self._rng = rng if rng is not None else random.Random()
         self._outputs: deque[Output] = deque()
         self._timers = Timers()

@@ -392,3 +392,13 @@ def test_fixed_nsqd_with_partitions_opens_one_ordered_connection_per_partition()
     assert data[connects[0].conn_id].endswith(b"SUB_ORDERED t c 0\nRDY 1\n")
     assert data[connects[1].conn_id].endswith(b"SUB_ORDERED t c 3\nRDY 1\n")
     assert sorted(s.partition for s in core.connections()) == [0, 3]  # type: ignore[type-var]
+
+
+def test_ordered_on_a_fixed_nsqd_list_needs_partitions() -> None:
+    from nsq_proto import ConfigError
+
+    with pytest.raises(ConfigError, match="partitions"):
+        Consumer("t", "c", ConsumerConfig(ordered=True), nsqd_tcp_addresses=["n:4150"])
+    # with partitions, or through lookupd (which names them), it is fine
+    Consumer("t", "c", ConsumerConfig(ordered=True, partitions=(0,)), nsqd_tcp_addresses=["n:4150"])
+    Consumer("t", "c", ConsumerConfig(ordered=True), lookupd_http_addresses=["l:4161"])
