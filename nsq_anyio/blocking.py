@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import ExitStack
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -37,56 +37,62 @@ from ._producer import Producer as AsyncProducer
 
 __all__ = ["Consumer", "Message", "Producer"]
 
+C = TypeVar("C", AsyncProducer, AsyncConsumer)
 
-class _Runner:
-    """One event-loop thread and the async object it drives (entered and left in one task)."""
 
-    def __init__(self, backend: str) -> None:
+class _Runner(Generic[C]):
+    """One event-loop thread and the async client it drives (entered and left in one task)."""
+
+    def __init__(self, backend: str, make: Callable[[], C], what: str) -> None:
         self._backend = backend
+        self._make: Callable[[], C] = make
+        self._what = what
         self._stack: ExitStack | None = None
-        self.portal: BlockingPortal | None = None
+        self._portal: BlockingPortal | None = None
+        self._client: C | None = None
 
-    def enter(self, make: Callable[[], Any]) -> Any:
+    def open(self) -> None:
         if self._stack is not None:
-            raise RuntimeError("this object is already open")
+            raise RuntimeError(f"this {self._what} is already open")
         stack = ExitStack()
         try:
             portal = stack.enter_context(start_blocking_portal(self._backend))
-            client = stack.enter_context(portal.wrap_async_context_manager(make()))
+            client = stack.enter_context(portal.wrap_async_context_manager(self._make()))
         except BaseException:
             stack.close()
             raise
-        self._stack = stack
-        self.portal = portal
-        return client
+        self._stack, self._portal, self._client = stack, portal, client
 
-    def exit(
+    def close(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        stack, self._stack, self.portal = self._stack, None, None
+        stack, self._stack, self._portal, self._client = self._stack, None, None, None
         if stack is not None:
             stack.__exit__(exc_type, exc, tb)
 
+    @property
+    def client(self) -> C:
+        if self._client is None:
+            raise RuntimeError(f"use the {self._what} inside its 'with' block")
+        return self._client
+
     def call(self, func: Callable[..., Any], *args: Any) -> Any:
-        portal = self.portal
+        portal = self._portal
         if portal is None:
-            raise RuntimeError("use the object inside its 'with' block")
+            raise RuntimeError(f"use the {self._what} inside its 'with' block")
         return portal.call(func, *args)
 
 
-class Producer(AbstractContextManager["Producer"]):
-    """Publish from synchronous code; every option of :class:`nsq_anyio.Producer`."""
+class _Blocking(Generic[C]):
+    """``with`` plumbing: the thread starts on enter and is joined on exit."""
 
-    def __init__(self, *, backend: str = "asyncio", **options: Any) -> None:
-        self._options = options
-        self._runner = _Runner(backend)
-        self._producer: AsyncProducer | None = None
+    _runner: _Runner[C]
 
-    def __enter__(self) -> Producer:
-        self._producer = self._runner.enter(lambda: AsyncProducer(**self._options))
+    def __enter__(self) -> Self:
+        self._runner.open()
         return self
 
     def __exit__(
@@ -95,13 +101,17 @@ class Producer(AbstractContextManager["Producer"]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._runner.exit(exc_type, exc, tb)
-        self._producer = None
+        self._runner.close(exc_type, exc, tb)
 
-    def _client(self) -> AsyncProducer:
-        if self._producer is None:
-            raise RuntimeError("use the producer inside its 'with' block")
-        return self._producer
+    def _client(self) -> C:
+        return self._runner.client
+
+
+class Producer(_Blocking[AsyncProducer]):
+    """Publish from synchronous code; every option of :class:`nsq_anyio.Producer`."""
+
+    def __init__(self, *, backend: str = "asyncio", **options: Any) -> None:
+        self._runner = _Runner(backend, lambda: AsyncProducer(**options), "producer")
 
     def publish(
         self,
@@ -168,7 +178,7 @@ class Message:
 
     __slots__ = ("_message", "_runner")
 
-    def __init__(self, message: AsyncMessage, runner: _Runner) -> None:
+    def __init__(self, message: AsyncMessage, runner: _Runner[AsyncConsumer]) -> None:
         self._message = message
         self._runner = runner
 
@@ -209,7 +219,7 @@ class Message:
         return repr(self._message)
 
 
-class Consumer(AbstractContextManager["Consumer"]):
+class Consumer(_Blocking[AsyncConsumer]):
     """Consume from synchronous code; every option of :class:`nsq_anyio.Consumer`.
 
     Iterate for manual answers, or :meth:`run` a handler in a pool of threads.  Leaving the
@@ -219,28 +229,9 @@ class Consumer(AbstractContextManager["Consumer"]):
     def __init__(
         self, topic: str, channel: str, *, backend: str = "asyncio", **options: Any
     ) -> None:
-        self._args = (topic, channel)
-        self._options = options
-        self._runner = _Runner(backend)
-        self._consumer: AsyncConsumer | None = None
-
-    def __enter__(self) -> Consumer:
-        self._consumer = self._runner.enter(lambda: AsyncConsumer(*self._args, **self._options))
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._runner.exit(exc_type, exc, tb)
-        self._consumer = None
-
-    def _client(self) -> AsyncConsumer:
-        if self._consumer is None:
-            raise RuntimeError("use the consumer inside its 'with' block")
-        return self._consumer
+        self._runner = _Runner(
+            backend, lambda: AsyncConsumer(topic, channel, **options), "consumer"
+        )
 
     def __iter__(self) -> Iterator[Message]:
         consumer = self._client()
