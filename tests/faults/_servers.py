@@ -55,7 +55,11 @@ class Process:
         self.proc = subprocess.Popen(
             self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_http(self.ping)
+        try:
+            wait_http(self.ping)
+        except BaseException:
+            self.stop()  # never leave a server behind
+            raise
 
     def kill9(self) -> None:
         assert self.proc is not None
