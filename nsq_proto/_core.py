@@ -120,7 +120,7 @@ class MultiConnectionCore(ABC, Generic[R]):
                 else feed_lookup_response(call.parser, data)
             )
         except LookupdError as exc:
-            self._http_error(request_id, exc)
+            self._http_error(request_id, exc, answered=True)
             return
         if answer is None:
             return
@@ -145,13 +145,15 @@ class MultiConnectionCore(ABC, Generic[R]):
         exc.__cause__ = error
         self._http_error(request_id, exc)
 
-    def _http_error(self, request_id: int, error: NSQError) -> None:
+    def _http_error(self, request_id: int, error: NSQError, *, answered: bool = False) -> None:
+        """``answered``: lookupd itself said no (an error status or an unusable body), as
+        opposed to a request that never got an answer."""
         call = self._http.pop(request_id, None)
         self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
         if call is not None:
             self._outputs.append(LookupFailed(call.address, error))
             if call.topic is not None:
-                self._on_lookup_failed(call.topic)
+                self._on_lookup_failed(call.topic, error, answered)
 
     def _looking_up(self, topic: str) -> bool:
         return any(call.topic == topic for call in self._http.values())
@@ -161,7 +163,7 @@ class MultiConnectionCore(ABC, Generic[R]):
     ) -> None:
         """A ``/lookup`` answered."""
 
-    def _on_lookup_failed(self, topic: str) -> None:
+    def _on_lookup_failed(self, topic: str, error: NSQError, answered: bool) -> None:
         """A ``/lookup`` failed (the LookupFailed event is already queued)."""
 
     def _on_lookupd_added(self, now: float) -> None:

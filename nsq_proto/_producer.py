@@ -56,6 +56,8 @@ _RETRY_CODES = frozenset(
 )
 
 _PUB = "PUB"
+#: a route to a partition the topic does not have
+_NO_SUCH_PARTITION = ("", -1)
 _NO_DPUB = "the partitioned server has no DPUB (deferred publish): publish without a delay"
 _MPUB = "MPUB"
 _DPUB = "DPUB"
@@ -180,6 +182,9 @@ class Producer(MultiConnectionCore[_PConn]):
         self._started = False
         self._closing = False
         self._last_error: NSQError | None = None
+        #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately
+        self._lookup_errors: dict[str, NSQError] = {}
+        self._refusals: dict[str, int] = {}
         #: (address, slot) -> the permanent failure of its last connection (TLS refused,
         #: AUTH failed, ...); cleared once a connection there is ready again
         self._permanent: dict[tuple[tuple[str, int], int], NSQError] = {}
@@ -210,7 +215,13 @@ class Producer(MultiConnectionCore[_PConn]):
                 self._lookup(arg)
         expired = [r for r in self._requests.values() if r.deadline <= now]
         for req in expired:
-            why = f" (last connection error: {self._last_error})" if self._last_error else ""
+            lookup_error = self._lookup_errors.get(req.topic)
+            if lookup_error is not None and req.topic not in self._routes:
+                why = f" (no route: {lookup_error})"
+            elif self._last_error:
+                why = f" (last connection error: {self._last_error})"
+            else:
+                why = ""
             self._fail(
                 req, PublishTimeout(f"publish {req.request_id} not acknowledged in time{why}")
             )
@@ -510,6 +521,8 @@ class Producer(MultiConnectionCore[_PConn]):
             route.next_rr += 1
         address = route.partitions.get(pid)
         if address is None:
+            if route.partition_num and not 0 <= pid < route.partition_num:
+                return _NO_SUCH_PARTITION, pid
             return None
         return address, pid
 
@@ -542,6 +555,16 @@ class Producer(MultiConnectionCore[_PConn]):
                 skipped.append(req)
                 continue
             address, partition = routed
+            if address is _NO_SUCH_PARTITION:
+                num = self._routes[req.topic].partition_num
+                self._fail(
+                    req,
+                    LocalProtocolError(
+                        f"topic {req.topic!r} has {num} partitions (0..{num - 1}): "
+                        f"no partition {partition}"
+                    ),
+                )
+                continue
             rec = self._pick(address)
             if rec is None:
                 if address is not None:
@@ -573,10 +596,21 @@ class Producer(MultiConnectionCore[_PConn]):
             )
             self._http_request((host, port), data, topic)
 
-    def _on_lookup_failed(self, topic: str) -> None:
+    def _on_lookup_failed(self, topic: str, error: NSQError, answered: bool) -> None:
+        self._lookup_errors[topic] = error
+        if answered:
+            self._refusals[topic] = self._refusals.get(topic, 0) + 1
         if not self._looking_up(topic):
             self._lookup_pending.discard(topic)
-            # try again a little later; waiting requests time out on their own deadline
+            if self._refusals.get(topic, 0) >= 2 and topic not in self._routes:
+                # lookupd said no twice (e.g. "Topic has no channel, should init at least one
+                # for the new topic"): the waiting publishes fail now, with its answer
+                for req in [r for r in self._queue if r.topic == topic]:
+                    failure = LookupdError(f"no route to topic {topic!r}: {error}")
+                    failure.__cause__ = error
+                    self._fail(req, failure)
+                self._refusals.pop(topic, None)
+            # try again a little later; other waiting requests time out on their deadline
             self._timers.set((TimerKind.LOOKUPD_POLL, topic), self._now + 1.0)
 
     def _on_lookup(
@@ -586,6 +620,8 @@ class Producer(MultiConnectionCore[_PConn]):
         self._dispatch()
 
     def _apply_lookup(self, topic: str, result: LookupResult) -> None:
+        self._refusals.pop(topic, None)
+        self._lookup_errors.pop(topic, None)
         if not self._looking_up(topic):
             self._lookup_pending.discard(topic)
         meta = result.meta

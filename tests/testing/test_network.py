@@ -12,6 +12,7 @@ from nsq_proto import (
     ConsumerConfig,
     Event,
     LocalProtocolError,
+    LookupdError,
     MessageReceived,
     Producer,
     ProducerConfig,
@@ -364,3 +365,28 @@ def test_requeue_on_an_ordered_channel_is_sent_without_a_delay() -> None:
         (b"first", 1),
         (b"first", 2),
     ]
+
+
+def test_unroutable_publishes_fail_at_once_with_the_cause() -> None:
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("events", net.now, partitions=2)
+    cluster.create_channel("events", "c", net.now)
+    cluster.create_topic("fresh", net.now, partitions=2)  # no channel yet
+    producer = Producer(
+        ProducerConfig(publish_timeout=30.0), lookupd_http_addresses=["127.0.0.1:4161"]
+    )
+    net.attach(producer)
+    net.start()
+    missing = producer.publish("events", b"x", net.now, partition=7)
+    fine = producer.publish("events", b"y", net.now, partition=1)
+    refused = producer.publish("fresh", b"z", net.now)
+    net.advance(2.5)  # lookupd is asked again once, a second later
+    events = net.take_events(producer)
+    failed = {e.request_id: e.error for e in events if isinstance(e, PublishFailed)}
+    assert {e.request_id for e in events if isinstance(e, PublishSucceeded)} == {fine}
+    assert set(failed) == {missing, refused}
+    assert isinstance(failed[missing], LocalProtocolError)
+    assert "has 2 partitions" in str(failed[missing]) and "no partition 7" in str(failed[missing])
+    assert isinstance(failed[refused], LookupdError)
+    assert "Topic has no channel" in str(failed[refused])
