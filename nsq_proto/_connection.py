@@ -58,6 +58,19 @@ __all__ = ["Connection", "NON_FATAL_ERRORS", "parse_error_frame"]
 
 #: the only error codes after which nsqd keeps the connection open (client guide, TCP spec)
 NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+#: what the partitioned server answers a publish with and keeps the connection open (spec 5.1):
+#: the requests pipelined behind the refused one are read and answered as usual
+PARTITIONED_PUBLISH_ERRORS = frozenset(
+    {
+        "E_FAILED_ON_NOT_LEADER",
+        "E_FAILED_ON_NOT_WRITABLE",
+        "E_PUB_FAILED",
+        "E_MPUB_FAILED",
+        "E_EXT_NOT_SUPPORT",
+        "E_INVALID_JSON_HEADER",
+        "INVALID_TRACE_ID",
+    }
+)
 
 _S = ConnectionState
 #: the text of a RemoteProtocolError raised for data no check of ours refused
@@ -71,6 +84,9 @@ _SUB = 0
 _PUB = 1
 _TRACE = 2
 _CLS = 3
+#: MPUB_EXT: the server stops reading the batch at a refused message, leaving the rest unread
+_MPUB_EXT = 4
+_PUBLISHES = (_PUB, _TRACE, _MPUB_EXT)
 
 
 def parse_error_frame(data: bytes) -> tuple[str, str]:
@@ -361,7 +377,7 @@ class Connection:
         if not self._pending:
             raise RemoteProtocolError(f"unexpected response frame {payload[:40]!r}")
         kind, request_id = self._pending.popleft()
-        if kind == _PUB:
+        if kind in (_PUB, _MPUB_EXT):
             if payload != OK:
                 raise RemoteProtocolError(f"expected OK to a publish, got {payload[:40]!r}")
             self._emit(PublishSucceeded(self.conn_id, request_id))
@@ -384,6 +400,26 @@ class Connection:
         if code in NON_FATAL_ERRORS:
             self._emit(ErrorReceived(self.conn_id, code, text, False))
             return
+        pending = self._pending
+        if (
+            code in PARTITIONED_PUBLISH_ERRORS
+            and pending
+            and pending[0][0] in _PUBLISHES
+            and self.features is not None
+            and self.features.partitioned
+        ):
+            # refused alone: the connection and the requests behind this one go on
+            kind, request_id = pending.popleft()
+            self._emit(ErrorReceived(self.conn_id, code, text, False))
+            self._emit(PublishFailed(self.conn_id, request_id, ServerError(code, text, False)))
+            if kind == _MPUB_EXT:
+                self._fail(
+                    RemoteProtocolError(
+                        f"nsqd left the rest of a refused MPUB_EXT unread ({code})"
+                    ),
+                    f"MPUB_EXT refused with {code}",
+                )
+            return
         self._emit(ErrorReceived(self.conn_id, code, text, True))
         self._fail(ServerError(code, text, True), f"nsqd error {code}")
 
@@ -402,7 +438,7 @@ class Connection:
         first = True
         while self._pending:
             kind, request_id = self._pending.popleft()
-            if kind in (_PUB, _TRACE):
+            if kind in _PUBLISHES:
                 if first and isinstance(error, ServerError):
                     failure: NSQError = error
                 else:
@@ -526,7 +562,9 @@ class Connection:
     def publish_encoded(self, data: bytes, *, traced: bool = False) -> int:
         """Send publish-command bytes built with :mod:`nsq_proto.commands` (PUB, MPUB, DPUB or,
         with ``traced``, PUB_TRACE/MPUB_TRACE whose answer is a TraceReceipt)."""
-        return self._publish(data, _TRACE if traced else _PUB)
+        if traced:
+            return self._publish(data, _TRACE)
+        return self._publish(data, _MPUB_EXT if data.startswith(b"MPUB_EXT ") else _PUB)
 
     @property
     def pending_requests(self) -> int:

@@ -61,6 +61,9 @@ _NO_SUCH_PARTITION = ("", -1)
 _NO_DPUB = "the partitioned server has no DPUB (deferred publish): publish without a delay"
 _MPUB = "MPUB"
 _DPUB = "DPUB"
+#: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
+_RETRY_BASE = 0.008
+_RETRY_STEP = 0.010
 
 
 class PublishTimeout(NSQError):
@@ -126,6 +129,10 @@ class _Request:
     ext_traced: bool = False
     attempts: int = 0
     conn_id: ConnId = 0
+    #: not sent again before this time (the retry backoff)
+    not_before: float = 0.0
+    #: the ordered partition ``(topic, partition)`` it was sent to, while unanswered
+    stream: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -170,6 +177,8 @@ class Producer(MultiConnectionCore[_PConn]):
         self._conns: dict[ConnId, _PConn] = {}
         self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
         self._queue: deque[_Request] = deque()
+        #: ordered partitions with a request on the wire: (topic, partition) -> request id
+        self._streams: dict[tuple[str, int], int] = {}
         self._requests: dict[int, _Request] = {}
         self._routes: dict[str, _TopicRoute] = {}
         self._lookup_pending: set[str] = set()
@@ -213,6 +222,7 @@ class Producer(MultiConnectionCore[_PConn]):
             elif kind is TimerKind.LOOKUPD_POLL:
                 assert isinstance(arg, str)
                 self._lookup(arg)
+            # TimerKind.RETRY: a backoff is over; the dispatch below sends it
         expired = [r for r in self._requests.values() if r.deadline <= now]
         for req in expired:
             lookup_error = self._lookup_errors.get(req.topic)
@@ -259,6 +269,8 @@ class Producer(MultiConnectionCore[_PConn]):
             if type(item) is PublishSucceeded:
                 req = rec.outstanding.pop(item.request_id, None)
                 if req is not None:
+                    if req.stream is not None:
+                        self._release(req)
                     self._requests.pop(req.request_id, None)
                     out.append(PublishSucceeded(rec.conn_id, req.request_id, item.receipt))
             elif type(item) is PublishFailed:
@@ -330,15 +342,36 @@ class Producer(MultiConnectionCore[_PConn]):
         return next(reversed(permanent.values()))
 
     def _failed_on_connection(self, req: _Request, error: NSQError) -> None:
+        self._release(req)
         retryable = not isinstance(error, ServerError) or error.code in _RETRY_CODES
         if isinstance(error, ServerError) and error.code in _RETRY_CODES:
             self._invalidate_route(req.topic)
         if retryable and req.attempts < self.config.max_attempts and req.deadline > self._now:
-            self._queue.appendleft(req)  # keep its place ahead of newer requests
+            self._retry_later(req)
             return
         self._fail(req, error)
 
+    def _retry_later(self, req: _Request) -> None:
+        """Queue ``req`` again in call order, after go-nsq's backoff (8 ms + 10 ms * 2^n)."""
+        req.not_before = self._now + _RETRY_BASE + _RETRY_STEP * (1 << req.attempts)
+        self._timers.set((TimerKind.RETRY, req.request_id), req.not_before)
+        queue = self._queue
+        rid = req.request_id
+        index = len(queue)
+        while index and queue[index - 1].request_id > rid:
+            index -= 1
+        queue.insert(index, req)
+
+    def _release(self, req: _Request) -> None:
+        stream = req.stream
+        if stream is not None:
+            req.stream = None
+            if self._streams.get(stream) == req.request_id:
+                del self._streams[stream]
+
     def _fail(self, req: _Request, error: NSQError) -> None:
+        self._release(req)
+        self._timers.cancel((TimerKind.RETRY, req.request_id))
         self._requests.pop(req.request_id, None)
         with contextlib.suppress(ValueError):
             self._queue.remove(req)
@@ -547,6 +580,10 @@ class Producer(MultiConnectionCore[_PConn]):
                 for req in list(queue):
                     self._fail(req, fresh_copy(broken))
                 return
+        now = self._now
+        streams = self._streams
+        #: ordered partitions whose earliest queued request cannot go now: later ones wait
+        blocked: set[tuple[str, int]] = set()
         skipped: list[_Request] = []
         while queue:
             req = queue.popleft()
@@ -565,12 +602,26 @@ class Producer(MultiConnectionCore[_PConn]):
                     ),
                 )
                 continue
+            stream = self._stream(req, partition)
+            if stream is not None and (stream in blocked or stream in streams):
+                # one request on the wire per ordered partition: a refusal or a loss can then
+                # never let a later publish overtake an earlier one
+                skipped.append(req)
+                blocked.add(stream)
+                continue
+            if req.not_before > now:
+                skipped.append(req)  # backing off before a retry
+                if stream is not None:
+                    blocked.add(stream)
+                continue
             rec = self._pick(address)
             if rec is None:
                 if address is not None:
                     for slot in range(self.config.pool_size):
                         self._open(address, slot)
                 skipped.append(req)
+                if stream is not None:
+                    blocked.add(stream)
                 if address is None:
                     break  # every connection is busy: keep FIFO order
                 continue
@@ -582,7 +633,23 @@ class Producer(MultiConnectionCore[_PConn]):
             req.conn_id = rec.conn_id
             crid = rec.conn.publish_encoded(data, traced=traced)
             rec.outstanding[crid] = req
+            if stream is not None:
+                req.stream = stream
+                streams[stream] = req.request_id
         queue.extendleft(reversed(skipped))
+
+    def _stream(self, req: _Request, partition: int | None) -> tuple[str, int] | None:
+        """The ordered partition ``req`` belongs to: a publish with a sharding key, or to a
+        partition of an ordered topic; None where call order is not promised."""
+        if partition is None:
+            return None
+        if req.sharding_key is None and req.partition is None:
+            return None
+        if req.sharding_key is None:
+            route = self._routes.get(req.topic)
+            if route is None or not route.ordered:
+                return None
+        return (req.topic, partition)
 
     # ------------------------------------------------------------------ partitioned lookup
 

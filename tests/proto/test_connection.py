@@ -445,3 +445,69 @@ def test_a_deflate_bomb_is_refused() -> None:
     with pytest.raises(RemoteProtocolError, match="compression bomb"):
         conn.receive_data(identify_response(deflate=True) + payload, 0.0)
     assert conn.state is ConnectionState.CLOSED
+
+
+def partitioned_connection() -> Connection:
+    conn = Connection()
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(version="0.3.7-HA.1.13.0"), 0.0)
+    conn.outputs()
+    return conn
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "E_FAILED_ON_NOT_LEADER",
+        "E_FAILED_ON_NOT_WRITABLE",
+        "E_PUB_FAILED",
+        "E_MPUB_FAILED",
+        "E_EXT_NOT_SUPPORT",
+        "E_INVALID_JSON_HEADER",
+        "INVALID_TRACE_ID",
+    ],
+)
+def test_partitioned_publish_errors_fail_only_their_request(code: str) -> None:
+    # the partitioned server answers these without closing: the requests pipelined behind
+    # the refused one were read and stored, and must not be sent again
+    conn = partitioned_connection()
+    r1 = conn.publish("t", b"a", 0)
+    r2 = conn.publish("t", b"b", 0)
+    r3 = conn.publish_traced("t", b"c", 7, partition=0)
+    conn.outputs()
+    receipt = TraceReceipt(3, 7, 0, 32)
+    conn.receive_data(
+        error(code.encode() + b" ") + response(b"OK") + response(encode_trace_receipt(receipt)),
+        0.0,
+    )
+    out = conn.outputs()
+    assert out[0] == ErrorReceived(0, code, "", False)
+    assert isinstance(out[1], PublishFailed) and out[1].request_id == r1
+    assert isinstance(out[1].error, ServerError) and out[1].error.code == code
+    assert not out[1].error.fatal
+    assert out[2:] == [PublishSucceeded(0, r2), PublishSucceeded(0, r3, receipt)]
+    assert conn.state is ConnectionState.READY
+
+
+def test_an_error_to_mpub_ext_fails_it_and_closes_the_desynchronised_connection() -> None:
+    # the server stops reading the batch at the refused message: what follows is unread
+    conn = partitioned_connection()
+    r1 = conn.publish_encoded(cmd.mpub_ext("t", [(b'{"a":"1"}', b"x"), (b"{}", b"y")], 0))
+    r2 = conn.publish("t", b"b", 0)
+    conn.outputs()
+    conn.receive_data(error(b"E_EXT_NOT_SUPPORT ext content not supported in topic t"), 0.0)
+    out = conn.outputs()
+    failed = {o.request_id: o.error for o in out if isinstance(o, PublishFailed)}
+    assert isinstance(failed[r1], ServerError) and failed[r1].code == "E_EXT_NOT_SUPPORT"
+    assert isinstance(failed[r2], ConnectionClosedError)
+    assert conn.state is ConnectionState.CLOSED
+
+
+def test_on_standard_nsqd_a_publish_error_stays_fatal() -> None:
+    conn = ready_connection()
+    r1 = conn.publish("t", b"a")
+    conn.outputs()
+    conn.receive_data(error(b"E_PUB_FAILED PUB failed exiting"), 0.0)
+    out = conn.outputs()
+    assert isinstance(out[1], PublishFailed) and out[1].request_id == r1
+    assert conn.state is ConnectionState.CLOSED

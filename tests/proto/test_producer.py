@@ -107,8 +107,11 @@ def test_fatal_error_fails_the_request_and_fails_over_the_rest() -> None:
     failed = [o for o in out if isinstance(o, PublishFailed)]
     assert [f.request_id for f in failed] == [rids[0]]
     assert isinstance(failed[0].error, ServerError) and failed[0].error.code == "E_BAD_MESSAGE"
-    # request 2 went over to n2 (after n2's own two)
-    assert sends(out)[c2] == cmd.pub("t", b"2")
+    # request 2 goes over to n2 (after n2's own two) once the retry backoff (28 ms) is over
+    assert c2 not in sends(out)
+    assert core.next_deadline() == pytest.approx(0.128)
+    core.handle_timer(0.128)
+    assert sends(core.outputs())[c2] == cmd.pub("t", b"2")
     core.receive_data(c2, response(b"OK") * 3, 0.2)
     ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
     assert sorted(ok) == [rids[1], rids[2], rids[3]]
