@@ -8,11 +8,13 @@ comes from the ``meta`` of a lookup made with ``metainfo``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from ._errors import LocalProtocolError
 
 __all__ = [
+    "Hasher",
     "murmur3_32",
     "partition_for_key",
     "is_partitioned_version",
@@ -22,6 +24,9 @@ _MASK: Final = 0xFFFFFFFF
 _C1: Final = 0xCC9E2D51
 _C2: Final = 0x1B873593
 _iter_blocks = struct.Struct("<I").iter_unpack
+
+#: a sharding hasher: key bytes -> a non-negative int (go-nsq's ``hash.Hash32``'s ``Sum32``)
+Hasher = Callable[[bytes], int]
 
 
 def murmur3_32(data: bytes, seed: int = 0) -> int:
@@ -54,11 +59,13 @@ def murmur3_32(data: bytes, seed: int = 0) -> int:
     return h
 
 
-def partition_for_key(key: bytes | str, partition_num: int) -> int:
-    """The partition an ordered publish with sharding ``key`` goes to (go-nsq's convention).
+def partition_for_key(key: bytes | str, partition_num: int, hasher: Hasher | None = None) -> int:
+    """The partition an ordered publish with sharding ``key`` goes to (go-nsq's convention):
+    ``hasher(key) mod partition_num``, with MurmurHash3 x86 32-bit, seed 0, by default.
 
     ``key`` is hashed as bytes, UTF-8 encoded when it is text.  ``partition_num`` must be
     positive: go-nsq refuses ordered publishing when the lookup meta lacks it or it is <= 0.
+    A ``hasher`` that returns anything but a non-negative int is a LocalProtocolError.
     """
     if type(partition_num) is not int or partition_num <= 0:
         raise LocalProtocolError(
@@ -73,7 +80,14 @@ def partition_for_key(key: bytes | str, partition_num: int) -> int:
         data = key
     else:
         raise LocalProtocolError(f"sharding key must be bytes or str, not {type(key).__name__}")
-    return murmur3_32(data) % partition_num
+    if hasher is None:
+        return murmur3_32(data) % partition_num
+    value = hasher(data)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LocalProtocolError(
+            f"the sharding hasher {hasher!r} returned {value!r}, not a non-negative int"
+        )
+    return value % partition_num
 
 
 def is_partitioned_version(version: str) -> bool:

@@ -44,7 +44,7 @@ from ._lookupd import (
 )
 from ._names import check_topic
 from ._outputs import Connect, Output
-from ._partitioned import partition_for_key
+from ._partitioned import Hasher, partition_for_key
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
 
@@ -56,8 +56,6 @@ _RETRY_CODES = frozenset(
 )
 
 _PUB = "PUB"
-#: a route to a partition the topic does not have
-_NO_SUCH_PARTITION = ("", -1)
 _NO_DPUB = "the partitioned server has no DPUB (deferred publish): publish without a delay"
 _MPUB = "MPUB"
 _DPUB = "DPUB"
@@ -89,6 +87,10 @@ class ProducerConfig(ConnectionConfig):
     lookupd_poll_timeout: float = 10.0
     #: re-lookup partitioned topics this often
     lookupd_poll_interval: float = 60.0
+    #: maps a sharding key to a non-negative int; the partition is that value modulo the
+    #: topic's partition count.  None: MurmurHash3 x86 32-bit, seed 0 (what go-nsq users
+    #: configure); give another to place keys as another client does
+    hasher: Hasher | None = None
 
     def __post_init__(self) -> None:
         super(ProducerConfig, self).__post_init__()
@@ -110,6 +112,8 @@ class ProducerConfig(ConnectionConfig):
         )
         if not 0 <= self.reconnect_jitter <= 1:
             raise ConfigError("reconnect_jitter must be 0..1")
+        if self.hasher is not None and not callable(self.hasher):
+            raise ConfigError(f"hasher must be a function of the key bytes, not {self.hasher!r}")
 
 
 @dataclass(slots=True)
@@ -133,6 +137,8 @@ class _Request:
     not_before: float = 0.0
     #: the ordered partition ``(topic, partition)`` it was sent to, while unanswered
     stream: tuple[str, int] | None = None
+    #: (partition count, partition) its sharding key was mapped to
+    hashed: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -536,7 +542,8 @@ class Producer(MultiConnectionCore[_PConn]):
         return cmd.mpub_unchecked(req.topic, req.bodies, partition), traced
 
     def _route(self, req: _Request) -> tuple[tuple[str, int] | None, int | None] | None:
-        """Where a request goes: (address or None for any, partition); None: not yet known."""
+        """Where a request goes: (address or None for any, partition); None: not yet known.
+        Raises LocalProtocolError where it can go nowhere."""
         if not self._lookupd:
             return None, req.partition
         route = self._routes.get(req.topic)
@@ -545,7 +552,19 @@ class Producer(MultiConnectionCore[_PConn]):
         if not route.partitions:
             return None, req.partition  # standard server behind lookupd: any of our nsqd
         if req.sharding_key is not None:
-            pid = partition_for_key(req.sharding_key, route.partition_num)
+            if route.partition_num <= 0:
+                raise LocalProtocolError(
+                    f"lookupd gave no partition count (meta.partition_num) for topic "
+                    f"{req.topic!r}: a sharding key cannot be mapped to a partition"
+                )
+            num = route.partition_num
+            cached = req.hashed
+            if cached is None or cached[0] != num:
+                cached = req.hashed = (
+                    num,
+                    partition_for_key(req.sharding_key, num, self.config.hasher),
+                )
+            pid = cached[1]
         elif req.partition is not None:
             pid = req.partition
         else:
@@ -554,8 +573,11 @@ class Producer(MultiConnectionCore[_PConn]):
             route.next_rr += 1
         address = route.partitions.get(pid)
         if address is None:
-            if route.partition_num and not 0 <= pid < route.partition_num:
-                return _NO_SUCH_PARTITION, pid
+            num = route.partition_num
+            if num and not 0 <= pid < num:
+                raise LocalProtocolError(
+                    f"topic {req.topic!r} has {num} partitions (0..{num - 1}): no partition {pid}"
+                )
             return None
         return address, pid
 
@@ -587,21 +609,15 @@ class Producer(MultiConnectionCore[_PConn]):
         skipped: list[_Request] = []
         while queue:
             req = queue.popleft()
-            routed = self._route(req)
+            try:
+                routed = self._route(req)
+            except LocalProtocolError as exc:
+                self._fail(req, exc)
+                continue
             if routed is None:
                 skipped.append(req)
                 continue
             address, partition = routed
-            if address is _NO_SUCH_PARTITION:
-                num = self._routes[req.topic].partition_num
-                self._fail(
-                    req,
-                    LocalProtocolError(
-                        f"topic {req.topic!r} has {num} partitions (0..{num - 1}): "
-                        f"no partition {partition}"
-                    ),
-                )
-                continue
             stream = self._stream(req, partition)
             if stream is not None and (stream in blocked or stream in streams):
                 # one request on the wire per ordered partition: a refusal or a loss can then
@@ -696,7 +712,8 @@ class Producer(MultiConnectionCore[_PConn]):
         old = self._routes.get(topic)
         if old is not None and old.partitions and not partitions:
             return  # keep what we know until an answer says something useful
-        num = meta.partition_num if meta is not None and meta.partition_num > 0 else len(partitions)
+        # no count from lookupd: 0, never the number of partitions listed (one may be missing)
+        num = meta.partition_num if meta is not None and meta.partition_num > 0 else 0
         route = _TopicRoute(num, partitions, bool(meta and meta.ordered))
         if old is not None:
             route.next_rr = old.next_rr

@@ -239,3 +239,71 @@ def test_connection_config_keeps_only_connection_settings() -> None:
     conn = config.connection_config(extend_support=True)
     assert type(conn).__name__ == "ConnectionConfig"
     assert (conn.snappy, conn.client_id, conn.extend_support) == (True, "me", True)
+
+
+def sharded_publish(
+    answer: bytes, key: str = "hello", **config: object
+) -> tuple[Producer, int, list[object]]:
+    """A sharding-key publish behind a lookupd that answers ``answer``; the outputs after the
+    connections to every listed partition are ready."""
+    core = Producer(ProducerConfig(**config), lookupd_http_addresses=["l:4161"])  # type: ignore[arg-type]
+    core.start(0.0)
+    rid = core.publish("orders", b"x", 0.0, sharding_key=key)
+    (req,) = [o for o in core.outputs() if isinstance(o, HttpRequest)]
+    core.http_data(req.request_id, http_response(answer), 0.1)
+    out: list[object] = []
+    for o in core.outputs():
+        out.append(o)
+        if isinstance(o, Connect):
+            core.connection_made(o.conn_id, 0.1)
+            core.receive_data(o.conn_id, identify_response(version="0.3.7-HA.1.13.0"), 0.1)
+            out += core.outputs()
+    return core, rid, out
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        LOOKUP_W.replace(b'"partition_num":2', b'"partition_num":0'),
+        LOOKUP_W.replace(LOOKUP_W[LOOKUP_W.index(b'"meta"') : LOOKUP_W.index(b'"producers"')], b""),
+    ],
+    ids=["zero", "missing"],
+)
+def test_a_sharding_key_without_a_partition_count_is_refused(answer: bytes) -> None:
+    # go-nsq refuses: counting the partitions listed would send keys to the wrong partition
+    # whenever one of them has no leader at the moment
+    answer = answer.replace(b',"1":{', b',"9":{')  # only partitions 0 and 9 listed
+    _, rid, out = sharded_publish(answer)
+    (failed,) = [o for o in out if isinstance(o, PublishFailed)]
+    assert failed.request_id == rid
+    assert isinstance(failed.error, LocalProtocolError)
+    assert "partition_num" in str(failed.error) and "orders" in str(failed.error)
+    assert not [o for o in out if isinstance(o, Send) and b"PUB " in o.data]
+
+
+def test_the_sharding_hasher_can_be_chosen() -> None:
+    assert partition_for_key(b"hello", 2) == 1  # murmur3 (go-nsq's configured hasher)
+    seen: list[bytes] = []
+
+    def first_byte(key: bytes) -> int:
+        seen.append(key)
+        return key[0]
+
+    _, _, out = sharded_publish(LOOKUP_W, hasher=first_byte)  # "h" = 104 -> partition 0
+    assert seen == [b"hello"]
+    assert cmd.pub("orders", b"x", 0) in b"".join(o.data for o in out if isinstance(o, Send))
+
+
+@pytest.mark.parametrize("hasher", ["murmur3", 3])
+def test_a_hasher_must_be_callable(hasher: object) -> None:
+    from nsq_proto import ConfigError
+
+    with pytest.raises(ConfigError, match="hasher"):
+        ProducerConfig(hasher=hasher)  # type: ignore[arg-type]
+
+
+def test_a_hasher_that_returns_no_int_fails_the_publish() -> None:
+    _, rid, out = sharded_publish(LOOKUP_W, hasher=lambda key: "nope")
+    (failed,) = [o for o in out if isinstance(o, PublishFailed)]
+    assert failed.request_id == rid and isinstance(failed.error, LocalProtocolError)
+    assert "hasher" in str(failed.error)
