@@ -23,6 +23,9 @@ from ._timers import TimerKind, Timers
 
 __all__ = ["ClientCore", "MultiConnectionCore"]
 
+#: requests in a row a lookupd learned from /listlookup may leave unanswered before it is dropped
+_MAX_LOOKUPD_FAILURES = 3
+
 
 class ClientCore(Protocol):
     """The interface every driver (an adapter, the in-memory network) uses on a core."""
@@ -81,6 +84,7 @@ class MultiConnectionCore(ABC, Generic[R]):
     _http_timeout: float
     _user_agent: str
     _cluster_seen: bool
+    _lookupd_failures: dict[tuple[str, int], int]
 
     def _init_lookupd(
         self, addresses: list[tuple[str, int]], timeout: float, user_agent: str | None
@@ -93,6 +97,9 @@ class MultiConnectionCore(ABC, Generic[R]):
         self._user_agent = user_agent or "nsq_proto"
         #: a lookup answered like the partitioned cluster: ask it for the other lookupd too
         self._cluster_seen = False
+        #: lookupd -> requests in a row that got no answer (a learned one is dropped at
+        #: _MAX_LOOKUPD_FAILURES; the configured ones are always kept)
+        self._lookupd_failures = {}
 
     def _http_request(self, address: tuple[str, int], data: bytes, topic: str | None) -> None:
         rid = self._next_http_id
@@ -102,7 +109,10 @@ class MultiConnectionCore(ABC, Generic[R]):
         self._timers.set((TimerKind.HTTP_TIMEOUT, rid), self._now + self._http_timeout)
 
     def _listlookup(self) -> None:
-        """go-nsq (partitioned cluster): learn every lookupd of the cluster from the seeds."""
+        """go-nsq (partitioned cluster): learn every lookupd of the cluster from the seeds
+        (one round at a time)."""
+        if any(call.topic is None for call in self._http.values()):
+            return
         for host, port in self._seed_lookupd:
             data = build_listlookup_request(host, port, user_agent=self._user_agent)
             self._http_request((host, port), data, None)
@@ -126,6 +136,7 @@ class MultiConnectionCore(ABC, Generic[R]):
             return
         del self._http[request_id]
         self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+        self._lookupd_failures.pop(call.address, None)
         if not isinstance(answer, LookupResult):
             new = [n.http_address for n in answer if n.http_address not in self._lookupd]
             if new:
@@ -152,8 +163,22 @@ class MultiConnectionCore(ABC, Generic[R]):
         self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
         if call is not None:
             self._outputs.append(LookupFailed(call.address, error))
+            self._count_lookupd_failure(call.address, answered)
             if call.topic is not None:
                 self._on_lookup_failed(call.topic, error, answered)
+
+    def _count_lookupd_failure(self, address: tuple[str, int], answered: bool) -> None:
+        failures = self._lookupd_failures
+        if answered:
+            failures.pop(address, None)  # it is there, and said no
+            return
+        count = failures[address] = failures.get(address, 0) + 1
+        if count >= _MAX_LOOKUPD_FAILURES and address not in self._seed_lookupd:
+            # learned from /listlookup and gone: forget it; the cluster names it again
+            # (the next /listlookup) if it comes back
+            del failures[address]
+            with contextlib.suppress(ValueError):
+                self._lookupd.remove(address)
 
     def _looking_up(self, topic: str) -> bool:
         return any(call.topic == topic for call in self._http.values())

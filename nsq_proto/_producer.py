@@ -673,6 +673,8 @@ class Producer(MultiConnectionCore[_PConn]):
         if topic in self._lookup_pending or self._closing:
             return
         self._lookup_pending.add(topic)
+        if self._cluster_seen:
+            self._listlookup()  # the cluster's lookupd may have changed
         for host, port in self._lookupd:
             data = build_lookup_request(
                 host, port, topic, access="w", metainfo=True, user_agent=self._user_agent

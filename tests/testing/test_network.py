@@ -390,3 +390,39 @@ def test_unroutable_publishes_fail_at_once_with_the_cause() -> None:
     assert "has 2 partitions" in str(failed[missing]) and "no partition 7" in str(failed[missing])
     assert isinstance(failed[refused], LookupdError)
     assert "Topic has no channel" in str(failed[refused])
+
+
+def test_a_lookupd_learned_from_listlookup_is_dropped_once_it_stays_dead() -> None:
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=2, lookupds=2))
+    cluster.create_topic("orders", net.now, partitions=2)
+    cluster.create_channel("orders", "c", net.now)
+    seed, other = cluster.lookupds
+    consumer = Consumer("orders", "c", lookupd_http_addresses=[f"127.0.0.1:{seed.http_port}"])
+    asked: list[tuple[int, float]] = []
+    real_http = net._http
+
+    def spy(core: object, req: object) -> None:
+        asked.append((req.port, net.now))  # type: ignore[attr-defined]
+        real_http(core, req)  # type: ignore[arg-type]
+
+    net._http = spy  # type: ignore[method-assign]
+    net.attach(consumer)
+    net.start()
+    net.advance(0.1)
+    assert other.http_port in {port for port, _ in asked}
+    # the learned lookupd goes away for good; so does the seed, for a while
+    net.lookupds.pop(("127.0.0.1", other.http_port))
+    seed_entry = net.lookupds.pop(("127.0.0.1", seed.http_port))
+    asked.clear()
+    net.advance(10 * 80.0)
+    to_other = [t for port, t in asked if port == other.http_port]
+    to_seed = [t for port, t in asked if port == seed.http_port]
+    assert len(to_other) == 3  # three failures in a row, then it is forgotten
+    assert len(to_seed) >= 10  # a seed is never forgotten
+    net.lookupds[("127.0.0.1", seed.http_port)] = seed_entry
+    asked.clear()
+    net.advance(80.0)
+    # the seed answers again: its /listlookup names the other lookupd, which is asked again
+    assert other.http_port in {port for port, _ in asked}
+    assert len(consumer.connections()) == 2
