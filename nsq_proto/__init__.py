@@ -44,6 +44,7 @@ from ._events import PublishSucceeded as PublishSucceeded
 from ._events import Ready as Ready
 from ._events import Stopped as Stopped
 from ._events import Subscribed as Subscribed
+from ._ext_filter import ExtFilter as ExtFilter
 from ._features import DEFAULT_MAX_RDY_COUNT as DEFAULT_MAX_RDY_COUNT
 from ._features import AuthResult as AuthResult
 from ._features import NegotiatedFeatures as NegotiatedFeatures
@@ -102,6 +103,7 @@ __all__ = [
     "Close",
     "CloseWaitReceived",
     "ConfigError",
+    "ExtFilter",
     "Connection",
     "ConnectionClosed",
     "ConnectionClosedError",

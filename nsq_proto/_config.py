@@ -7,17 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ._errors import LocalProtocolError
+from ._errors import ConfigError
+from ._ext_filter import ExtFilter
 from ._frames import DEFAULT_MAX_FRAME_SIZE
 from ._version import __version__
 
 __all__ = ["ConfigError", "ConnectionConfig", "DEFAULT_USER_AGENT", "check_seconds"]
 
 DEFAULT_USER_AGENT = f"nsq_proto/{__version__}"
-
-
-class ConfigError(LocalProtocolError, ValueError):
-    """A configuration value is out of range or of the wrong type."""
 
 
 def check_seconds(config: object, names: tuple[str, ...], *, positive: bool) -> None:
@@ -67,6 +64,9 @@ class ConnectionConfig:
     #: partitioned extension: identify as able to read extended (JSON header) messages
     extend_support: bool = False
     desired_tag: str | None = None
+    #: partitioned extension: the server delivers only the extended messages whose JSON
+    #: header matches (the others are finished for the whole channel)
+    ext_filter: ExtFilter | None = None
     #: extra IDENTIFY keys, sent after the known ones
     identify_extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -101,6 +101,8 @@ class ConnectionConfig:
             raise ConfigError("max_frame_size must be at least 1024")
         if self.desired_tag is not None and len(self.desired_tag) > 100:
             raise ConfigError("desired_tag is at most 100 characters")
+        if self.ext_filter is not None and not isinstance(self.ext_filter, ExtFilter):
+            raise ConfigError(f"ext_filter must be an ExtFilter, not {self.ext_filter!r}")
 
     def connection_config(self, **changes: Any) -> ConnectionConfig:
         """Just the connection settings of this (consumer or producer) configuration."""
@@ -148,5 +150,7 @@ class ConnectionConfig:
             body["extend_support"] = True
         if self.desired_tag is not None:
             body["desired_tag"] = self.desired_tag
+        if self.ext_filter is not None:
+            body["ext_filter"] = self.ext_filter.to_json()
         body.update(self.identify_extra)
         return body

@@ -8,6 +8,7 @@ __all__ = [
     "NSQError",
     "ProtocolError",
     "LocalProtocolError",
+    "ConfigError",
     "RemoteProtocolError",
     "FrameTooLarge",
     "InvalidName",
@@ -47,6 +48,10 @@ class ProtocolError(NSQError):
 
 class LocalProtocolError(ProtocolError):
     """The caller asked for something the protocol does not allow (now)."""
+
+
+class ConfigError(LocalProtocolError, ValueError):
+    """A configuration value is out of range or of the wrong type."""
 
 
 class RemoteProtocolError(ProtocolError):

@@ -498,6 +498,9 @@ class Nsqd:
                 self._sample_rng.randrange(100)
             ):
                 continue
+            matches = client._ext_filter
+            if matches is not None and channel.topic.ext and not matches(msg):
+                continue  # filtered out: finished for the whole channel, as the server does
             client._deliver(msg, now)
 
     def _pick_client(self, channel: Channel) -> NsqdConnection | None:

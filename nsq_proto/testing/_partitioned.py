@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .._features import TraceReceipt, encode_trace_receipt
 from .._frames import OK, FrameType
 from .._message import encode_message_data
+from ._ext_filter import build_ext_filter
 from ._protocol import (
     ClientError,
     ClientState,
@@ -216,6 +217,7 @@ class PartitionedConnection(NsqdConnection):
             self.desired_tag = tag
         if data.extend_support:
             self.extend_support = True
+        self._ext_filter = build_ext_filter(data.ext_filter)
         return None
 
     # -- message frames ---------------------------------------------------------------------

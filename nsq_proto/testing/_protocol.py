@@ -173,6 +173,7 @@ class _Identify:
     long_id: str = ""
     desired_tag: str = ""
     extend_support: bool = False
+    ext_filter: Any = None
 
 
 _I64 = (-(1 << 63), (1 << 63) - 1)
@@ -212,6 +213,15 @@ class _Pairs(list[tuple[str, Any]]):
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON constant {name}")
+
+
+def _plain(value: Any) -> Any:
+    """A decoded JSON value with objects as dicts (the last of duplicate keys wins, as Go's)."""
+    if isinstance(value, _Pairs):
+        return {k: _plain(v) for k, v in value}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def decode_identify(body: bytes, *, partitioned: bool = False) -> _Identify | None:
@@ -258,8 +268,11 @@ def decode_identify(body: bytes, *, partitioned: bool = False) -> _Identify | No
                 setattr(result, name, int(value))
             else:
                 ok = False
-        elif kind == "object" and not isinstance(value, _Pairs):
-            ok = False
+        elif kind == "object":
+            if isinstance(value, _Pairs):
+                setattr(result, name, _plain(value))
+            else:
+                ok = False
     return result if ok else None
 
 
@@ -299,6 +312,8 @@ class NsqdConnection:
         self.deflate_level = 0
         self.desired_tag = ""
         self.extend_support = False
+        #: partitioned server: the ``ext_filter`` of IDENTIFY, where it could be built
+        self._ext_filter: Callable[[StoredMessage], bool] | None = None
         # consumer state
         self.state = ClientState.INIT
         self.ready_count = 0
