@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Cluster", "TopicMeta"]
 
+#: the partitioned cluster's internal ids of partition p start at p << COMMIT_LOG_ID_BITS
+COMMIT_LOG_ID_BITS = 50
+
 
 @dataclass
 class TopicMeta:
@@ -122,9 +125,15 @@ class Cluster:
         ext: bool = False,
         disable_channel_auto_create: bool = False,
         leaders: list[int] | None = None,
+        writable: bool = True,
     ) -> TopicMeta:
         """``POST /topic/create`` on the lookupd leader: partition ``p`` is led by node
-        ``leaders[p]`` (default ``p % nodes``) and replicated on the next nodes."""
+        ``leaders[p]`` (default ``p % nodes``) and replicated on the next nodes.
+
+        Internal ids of partition ``p`` count from the commit log's start, ``p << 50``, as in
+        the real cluster.  With ``writable=False`` the topic refuses publishes with the
+        non-fatal ``E_FAILED_ON_NOT_WRITABLE`` until :meth:`enable_writes`, as a new topic
+        of the real cluster does until its write check has run (up to minutes)."""
         if not is_valid_topic_name(name):
             raise ValueError(f"invalid topic name {name!r}")
         if name in self.meta:
@@ -153,11 +162,20 @@ class Cluster:
             topic.ordered = ordered
             topic.ext = ext
             topic.disable_channel_auto_create = disable_channel_auto_create
+            topic.next_internal_id = (p << COMMIT_LOG_ID_BITS) + 2  # nLogID + 1
+            topic.write_disabled = not writable
             self._topics[(name, p)] = topic
             node._begin(now)
             node.topics[(name, p)] = topic
             node._end(now)
         return meta
+
+    def enable_writes(self, topic: str, enabled: bool = True) -> None:
+        """Let ``topic`` take publishes (or, with ``enabled=False``, refuse them)."""
+        self._meta(topic)
+        for (name, _), data in self._topics.items():
+            if name == topic:
+                data.write_disabled = not enabled
 
     def create_channel(self, topic: str, channel: str, now: float) -> None:
         """Create ``channel`` on every partition (``/channel/create`` on the lookupd)."""
@@ -334,8 +352,9 @@ class Cluster:
                 partitions[str(p)] = peer
                 producers.setdefault(index, peer)
             if filtered and not partitions:
+                # the real nsqlookupd answers this with status 500
                 raise HttpError(
-                    404, "Topic has no channel, should init at least one for the new topic"
+                    500, "Topic has no channel, should init at least one for the new topic"
                 )
         result: dict[str, Any] = {"channels": sorted(channels)}
         if req.get("metainfo") and meta is not None:

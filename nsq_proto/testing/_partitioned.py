@@ -170,6 +170,8 @@ class PartitionedConnection(NsqdConnection):
         self, tls: bool, deflate: bool, level: int, snappy: bool
     ) -> dict[str, Any]:
         resp = super()._identify_response(tls, deflate, level, snappy)
+        # the server reports the size it writes with: 100 bytes when the client set none
+        resp["output_buffer_size"] = self.output_buffer_size or _DEFAULT_WRITE_BUFFER
         if self.desired_tag:
             resp["desired_tag"] = self.desired_tag
         return resp
@@ -319,6 +321,8 @@ class PartitionedConnection(NsqdConnection):
                 raise _nonfatal("E_EXT_NOT_SUPPORT", f"ext content not supported in topic {name}")
         if not nsqd._is_leader(name, partition):
             raise _nonfatal(E_NOT_LEADER, "")
+        if topic.write_disabled:
+            raise _nonfatal(E_NOT_WRITABLE, "")
         msg = nsqd._new_partition_message(
             topic, body, self._now, trace_id=trace_id, ext_version=ext_version, ext_data=ext_data
         )
@@ -380,6 +384,8 @@ class PartitionedConnection(NsqdConnection):
         items = yield from self._read_mpub_messages(convert)
         if not nsqd._is_leader(name, partition):
             raise _nonfatal(E_NOT_LEADER, "")
+        if topic.write_disabled:
+            raise _nonfatal(E_NOT_WRITABLE, "")
         first: StoredMessage | None = None
         total = 0
         for body, trace_id, ext_version, ext_data in items:

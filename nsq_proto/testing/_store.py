@@ -371,6 +371,8 @@ class Topic:
         self.ordered = False
         self.ext = False
         self.disable_channel_auto_create = False
+        #: partitioned cluster: publishes are refused (E_FAILED_ON_NOT_WRITABLE)
+        self.write_disabled = False
         self.deleted = False
 
     def __repr__(self) -> str:

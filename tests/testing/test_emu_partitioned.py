@@ -94,7 +94,8 @@ def test_pub_trace_response_matches_the_documented_bytes() -> None:
     p.send(b"PUB_TRACE orders 0\n\x00\x00\x00\x0a\x00\x00\x00\x00\x00\x00\x30\x39hi", 0.0)
     out = p.conn.data_to_send()
     assert out == bytes.fromhex(
-        "00000022 00000000 4f4b 0000000000000001 0000000000003039 0000000000000000 00000020"
+        # in a cluster, partition 0's commit log hands out ids from 2 (0 << 50, plus 2)
+        "00000022 00000000 4f4b 0000000000000002 0000000000003039 0000000000000000 00000020"
     )
     p.send(
         b"MPUB_TRACE orders 0\n"
@@ -104,7 +105,7 @@ def test_pub_trace_response_matches_the_documented_bytes() -> None:
     ((_, data),) = p.read()
     receipt = parse_trace_receipt(data)
     assert (receipt.internal_id, receipt.trace_id, receipt.queue_offset, receipt.raw_size) == (
-        2,
+        3,
         0,
         32,
         31 + 32,
@@ -309,7 +310,7 @@ def test_partitioned_lookup_api() -> None:
 
     status, data = get("/lookup?topic=orders&access=w&metainfo=true")
     assert (status, data) == (
-        404,
+        500,  # as the real nsqlookupd answers it
         {"message": "Topic has no channel, should init at least one for the new topic"},
     )
     c.create_channel("orders", "c", 0.0)
@@ -431,7 +432,33 @@ def test_http_publish_on_a_partition_and_stats() -> None:
 def test_direct_publish_on_a_partition() -> None:
     c = cluster()
     msg_id = c.nodes[1].publish("orders", b"x", 0.0, partition=1)
-    assert msg_id == b"\x00" * 7 + b"\x01" + b"\x00" * 8
+    # partition 1's ids start at 1 << 50 (plus 2), as the cluster's commit log numbers them
+    assert msg_id == ((1 << 50) + 2).to_bytes(8, "big") + b"\x00" * 8
     assert c.topic("orders", 1).message_count == 1
     with pytest.raises(KeyError):
         c.nodes[1].publish("orders", b"x", 0.0, partition=0)  # a replica, not the leader
+
+
+def test_identify_reports_the_write_buffer_of_100_bytes_when_none_was_asked() -> None:
+    c = Client(Nsqd(NsqdOptions(partitioned=True)), 0.0)
+    c.send(b"IDENTIFY\n" + body(b'{"feature_negotiation":true}'), 0.0)
+    ((_, data),) = c.read()
+    assert json.loads(data)["output_buffer_size"] == 100
+    c = Client(Nsqd(NsqdOptions(partitioned=True)), 0.0)
+    c.send(b"IDENTIFY\n" + body(b'{"feature_negotiation":true,"output_buffer_size":512}'), 0.0)
+    ((_, data),) = c.read()
+    assert json.loads(data)["output_buffer_size"] == 512
+
+
+def test_a_new_topic_refuses_writes_until_enabled() -> None:
+    c = cluster(writable=False)
+    c.create_channel("orders", "c", 0.0)
+    p = client(c.nodes[0])
+    p.send(b"PUB orders 0\n" + body(b"early") + b"PUB orders 0\n" + body(b"early"), 0.0)
+    # non-fatal, after the body was read: the connection stays in step
+    assert p.read() == [(1, b"E_FAILED_ON_NOT_WRITABLE "), (1, b"E_FAILED_ON_NOT_WRITABLE ")]
+    assert c.topic("orders", 0).message_count == 0
+    c.enable_writes("orders")
+    p.send(b"PUB orders 0\n" + body(b"later"), 0.1)
+    assert p.read() == [(0, b"OK")]
+    assert [m.body for m in c.topic("orders", 0).log] == [b"later"]

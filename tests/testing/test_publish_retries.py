@@ -152,3 +152,23 @@ def test_retries_after_a_connection_loss_keep_call_order() -> None:
     assert (sorted(ok), failed) == (rids, {})
     queued = [m.body for m in nsqd.topics[("t", -1)].queue]
     assert queued == [b"A1", b"A2", b"A3", b"A1", b"A2", b"A3"]
+
+
+def test_a_topic_that_stays_unwritable_fails_its_publish_with_the_cause_in_moments() -> None:
+    # a new topic of the real cluster refuses writes until its write check has run
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("fresh", net.now, partitions=1, writable=False)
+    cluster.create_channel("fresh", "c", net.now)
+    producer = Producer(ProducerConfig(publish_timeout=30.0), lookupd_http_addresses=LOOKUPD)
+    net.attach(producer)
+    net.start()
+    rid = producer.publish("fresh", b"x", net.now, partition=0)
+    net.advance(1.0)
+    ok, failed = outcome(net.take_events(producer))
+    error = failed[rid]
+    assert isinstance(error, ServerError) and error.code == "E_FAILED_ON_NOT_WRITABLE"
+    cluster.enable_writes("fresh")
+    again = producer.publish("fresh", b"x", net.now, partition=0)
+    net.advance(1.0)
+    assert outcome(net.take_events(producer))[0] == [again]
