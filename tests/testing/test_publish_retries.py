@@ -166,6 +166,7 @@ def test_a_topic_that_stays_unwritable_fails_its_publish_with_the_cause_in_momen
     rid = producer.publish("fresh", b"x", net.now, partition=0)
     net.advance(1.0)
     ok, failed = outcome(net.take_events(producer))
+    assert ok == []
     error = failed[rid]
     assert isinstance(error, ServerError) and error.code == "E_FAILED_ON_NOT_WRITABLE"
     cluster.enable_writes("fresh")
