@@ -42,6 +42,8 @@ from ._events import MessageReceived as MessageReceived
 from ._events import PublishFailed as PublishFailed
 from ._events import PublishSucceeded as PublishSucceeded
 from ._events import Ready as Ready
+from ._events import StartFromApplied as StartFromApplied
+from ._events import StartFromFailed as StartFromFailed
 from ._events import Stopped as Stopped
 from ._events import Subscribed as Subscribed
 from ._ext_filter import ExtFilter as ExtFilter
@@ -73,6 +75,7 @@ from ._partitioned import partition_for_key as partition_for_key
 from ._producer import Producer as Producer
 from ._producer import ProducerConfig as ProducerConfig
 from ._producer import PublishTimeout as PublishTimeout
+from ._start_from import StartFrom as StartFrom
 from ._state import ConnectionState as ConnectionState
 from ._version import __version__ as __version__
 
@@ -87,6 +90,9 @@ __all__ = [
     "LookupFailed",
     "LookupResult",
     "LookupSucceeded",
+    "StartFrom",
+    "StartFromApplied",
+    "StartFromFailed",
     "MessageGivenUp",
     "Peer",
     "Producer",

@@ -35,6 +35,7 @@ from ._events import (
     MessageReceived,
     PublishFailed,
     PublishSucceeded,
+    StartFromFailed,
     Stopped,
 )
 from ._features import TraceReceipt
@@ -773,6 +774,14 @@ class AsyncConsumer(_Client):
         elif isinstance(event, LookupFailed):
             self.lookup_failures.append(event)
             log.warning("lookupd %s:%d failed: %s", *event.address, event.error)
+        elif isinstance(event, StartFromFailed):
+            self.connection_errors.append(event.error)
+            log.warning(
+                "start_from of partition %d not set on %s:%d: %s",
+                event.partition,
+                *event.address,
+                event.error,
+            )
         elif isinstance(event, ConnectionClosed):
             self._conn_info.pop(event.conn_id, None)
             if event.error is not None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ._config import ConfigError, ConnectionConfig, check_seconds
 from ._connection import Connection
 from ._core import MultiConnectionCore, reconnect_delay
-from ._errors import LocalProtocolError, LookupdError
+from ._errors import LocalProtocolError, LookupdError, NSQError
 from ._events import (
     BackoffChanged,
     CloseWaitReceived,
@@ -30,15 +30,20 @@ from ._events import (
     MessageGivenUp,
     MessageReceived,
     Ready,
+    StartFromApplied,
+    StartFromFailed,
     Stopped,
 )
 from ._lookupd import (
     LookupResult,
+    Peer,
     build_lookup_request,
+    build_post_request,
 )
 from ._message import Message
 from ._names import check_channel, check_topic
 from ._outputs import Connect, Output
+from ._start_from import StartFrom
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
 
@@ -106,6 +111,9 @@ class ConsumerConfig(ConnectionConfig):
     ordered: bool = False
     #: partitioned server: only these partitions (None: all)
     partitions: tuple[int, ...] | None = None
+    #: partitioned server, behind lookupd: move the channel to this position (one for every
+    #: partition, or partition -> position) when the consumer starts, before it subscribes
+    start_from: StartFrom | Mapping[int, StartFrom] | None = None
 
     def __post_init__(self) -> None:
         super(ConsumerConfig, self).__post_init__()
@@ -147,6 +155,24 @@ class ConsumerConfig(ConnectionConfig):
                 raise ConfigError(f"{name} must be 0..1, not {value!r}")
         if self.partitions is not None and any(p < 0 for p in self.partitions):
             raise ConfigError("partitions must be non-negative")
+        start = self.start_from
+        if not (start is None or isinstance(start, StartFrom)) and (
+            not isinstance(start, Mapping)
+            or not all(
+                type(p) is int and p >= 0 and isinstance(s, StartFrom) for p, s in start.items()
+            )
+        ):
+            raise ConfigError(
+                f"start_from must be a StartFrom or a mapping of partition to StartFrom, "
+                f"not {start!r}"
+            )
+
+    def start_position(self, partition: int) -> StartFrom | None:
+        """The ``start_from`` position of ``partition``, if any."""
+        start = self.start_from
+        if start is None or isinstance(start, StartFrom):
+            return start
+        return start.get(partition)
 
 
 @dataclass(slots=True)
@@ -200,6 +226,10 @@ class Consumer(MultiConnectionCore[_Conn]):
         lookupd = [parse_address(a) for a in lookupd_http_addresses]
         if not self._nsqd and not lookupd:
             raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        if self.config.start_from is not None and not lookupd:
+            # the position is set over the HTTP API of each partition's leader, which lookupd
+            # names (its TCP SUB_ADVANCED form applies it to the wrong partition)
+            raise ConfigError("start_from needs lookupd_http_addresses")
         if self.config.ordered and self._nsqd and not lookupd and not self.config.partitions:
             # SUB_ORDERED names a partition: without lookupd to learn them, say which
             raise ConfigError(
@@ -222,6 +252,10 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._backoff_level = 0
         self._need_redistribute = False
         self._ordered_required = self.config.ordered
+        #: partition -> its start_from position is applied ("done") or being applied
+        self._seeks: dict[int, str] = {}
+        #: the latest lookup said the topic is extended
+        self._extend_support = False
         self._now = 0.0
         self._share: int | None = None
         self._started = False
@@ -348,6 +382,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         meta = result.meta
         if meta is not None and meta.ordered:
             self._ordered_required = True
+        self._extend_support = bool(meta and meta.extend_support)
         wanted = self.config.partitions
         partition_addresses = set()
         for pid, producer in sorted(result.partitions.items()):
@@ -355,6 +390,9 @@ class Consumer(MultiConnectionCore[_Conn]):
             if wanted is not None and pid not in wanted:
                 continue
             keys.append(f"{producer.key}-{pid}")
+            if self._seeks.get(pid) != "done" and self.config.start_position(pid) is not None:
+                self._seek(producer, pid)  # connects once the position is set
+                continue
             self._connect(
                 producer.address, pid, now, extend_support=bool(meta and meta.extend_support)
             )
@@ -366,6 +404,63 @@ class Consumer(MultiConnectionCore[_Conn]):
             keys.append(producer.key)
             self._connect(producer.address, None, now)
         self._outputs.append(LookupSucceeded(address, tuple(keys)))
+
+    # ------------------------------------------------------------------ start positions
+
+    def _seek(self, producer: Peer, partition: int, *, create: bool = False) -> None:
+        """``POST /channel/setoffset`` (after ``/channel/create`` when ``create``) on the
+        partition's leader; one call per partition at a time."""
+        if self._seeks.get(partition) == "busy" and not create:
+            return
+        position = self.config.start_position(partition)
+        assert position is not None
+        self._seeks[partition] = "busy"
+        host, port = producer.address[0], producer.http_port
+        query: dict[str, str | int] = {
+            "topic": self.topic,
+            "partition": partition,
+            "channel": self.channel,
+        }
+        if create:
+            data = build_post_request(host, port, "/channel/create", query, b"", self._user_agent)
+        else:
+            data = build_post_request(
+                host, port, "/channel/setoffset", query, position.token(), self._user_agent
+            )
+        self._http_request((host, port), data, None, nsqd_call=(producer, partition, create))
+
+    def _on_nsqd_answer(
+        self, seek: tuple[Peer, int, bool], status: int, body: bytes, now: float
+    ) -> None:
+        producer, partition, created = seek
+        if status == 200:
+            if created:
+                del self._seeks[partition]
+                self._seek(producer, partition)  # the channel exists now: set its position
+                return
+            self._seeks[partition] = "done"
+            self._outputs.append(StartFromApplied(producer.address, partition))
+            extend = self._extend_support
+            self._connect(producer.address, partition, now, extend_support=extend)
+            return
+        text = body.decode("utf-8", "replace").strip()
+        if status == 404 and "CHANNEL_NOT_FOUND" in text and not created:
+            self._seek(producer, partition, create=True)
+            return
+        what = "/channel/create" if created else "/channel/setoffset"
+        detail = f": {text}" if text else ""
+        self._on_nsqd_failed(
+            seek,
+            LookupdError(
+                f"start_from for partition {partition}: {what} answered HTTP {status}{detail}"
+            ),
+        )
+
+    def _on_nsqd_failed(self, seek: tuple[Peer, int, bool], error: NSQError) -> None:
+        # not consumed from until the position is set: the next lookup tries again
+        producer, partition, _ = seek
+        self._seeks.pop(partition, None)
+        self._outputs.append(StartFromFailed(producer.address, partition, error))
 
     # ------------------------------------------------------------------ connections
 

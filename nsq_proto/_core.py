@@ -6,7 +6,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ._connection import Connection
 from ._errors import LookupdError, NSQError
@@ -48,8 +48,10 @@ class ClientCore(Protocol):
 class _HttpCall:
     address: tuple[str, int]
     parser: HttpResponseParser
-    #: the topic looked up; None for ``/listlookup``
+    #: the topic looked up; None for ``/listlookup`` and calls to nsqd
     topic: str | None
+    #: a call to nsqd's HTTP API: what the subclass needs to handle its answer
+    nsqd_call: Any = None
 
 
 class _HasConnection(Protocol):
@@ -101,10 +103,12 @@ class MultiConnectionCore(ABC, Generic[R]):
         #: _MAX_LOOKUPD_FAILURES; the configured ones are always kept)
         self._lookupd_failures = {}
 
-    def _http_request(self, address: tuple[str, int], data: bytes, topic: str | None) -> None:
+    def _http_request(
+        self, address: tuple[str, int], data: bytes, topic: str | None, *, nsqd_call: Any = None
+    ) -> None:
         rid = self._next_http_id
         self._next_http_id += 1
-        self._http[rid] = _HttpCall(address, HttpResponseParser(), topic)
+        self._http[rid] = _HttpCall(address, HttpResponseParser(), topic, nsqd_call)
         self._outputs.append(HttpRequest(rid, address[0], address[1], data, self._http_timeout))
         self._timers.set((TimerKind.HTTP_TIMEOUT, rid), self._now + self._http_timeout)
 
@@ -122,6 +126,9 @@ class MultiConnectionCore(ABC, Generic[R]):
         self._now = now
         call = self._http.get(request_id)
         if call is None:
+            return
+        if call.nsqd_call is not None:
+            self._nsqd_http_data(request_id, call, data, now)
             return
         try:
             answer = (
@@ -161,7 +168,9 @@ class MultiConnectionCore(ABC, Generic[R]):
         opposed to a request that never got an answer."""
         call = self._http.pop(request_id, None)
         self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
-        if call is not None:
+        if call is not None and call.nsqd_call is not None:
+            self._on_nsqd_failed(call.nsqd_call, error)
+        elif call is not None:
             self._outputs.append(LookupFailed(call.address, error))
             self._count_lookupd_failure(call.address, answered)
             if call.topic is not None:
@@ -179,6 +188,25 @@ class MultiConnectionCore(ABC, Generic[R]):
             del failures[address]
             with contextlib.suppress(ValueError):
                 self._lookupd.remove(address)
+
+    def _nsqd_http_data(self, request_id: int, call: _HttpCall, data: bytes, now: float) -> None:
+        try:
+            response = call.parser.receive_data(data)
+            if response is None and not data:
+                raise LookupdError("nsqd closed the connection before a full response")
+        except LookupdError as exc:
+            self._http_error(request_id, exc)
+            return
+        if response is not None:
+            del self._http[request_id]
+            self._timers.cancel((TimerKind.HTTP_TIMEOUT, request_id))
+            self._on_nsqd_answer(call.nsqd_call, response.status, response.body, now)
+
+    def _on_nsqd_answer(self, nsqd_call: Any, status: int, body: bytes, now: float) -> None:
+        """A call to nsqd's HTTP API answered."""
+
+    def _on_nsqd_failed(self, nsqd_call: Any, error: NSQError) -> None:
+        """A call to nsqd's HTTP API got no answer."""
 
     def _looking_up(self, topic: str) -> bool:
         return any(call.topic == topic for call in self._http.values())

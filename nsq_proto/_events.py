@@ -23,6 +23,8 @@ __all__ = [
     "MessageGivenUp",
     "LookupFailed",
     "LookupSucceeded",
+    "StartFromApplied",
+    "StartFromFailed",
     "BackoffChanged",
     "Stopped",
 ]
@@ -121,6 +123,24 @@ class LookupFailed(Event):
     """One lookupd poll failed (unreachable, bad status, malformed JSON)."""
 
     address: tuple[str, int]
+    error: NSQError
+
+
+@dataclass(frozen=True, slots=True)
+class StartFromApplied(Event):
+    """``start_from``: the channel of ``partition`` was moved on its leader ``address``."""
+
+    address: tuple[str, int]
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartFromFailed(Event):
+    """``start_from``: the leader of ``partition`` did not take the position; that partition
+    is not consumed from until a later lookup sets it."""
+
+    address: tuple[str, int]
+    partition: int
     error: NSQError
 
 

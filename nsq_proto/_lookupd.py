@@ -198,6 +198,34 @@ def _build_get(host: str, port: int, target: str, user_agent: str) -> bytes:
     return data + end
 
 
+def build_post_request(
+    host: str,
+    port: int,
+    path: str,
+    query: Mapping[str, str | int],
+    body: bytes,
+    user_agent: str = DEFAULT_USER_AGENT,
+) -> bytes:
+    """The bytes of ``POST path?query`` with ``body`` (nsqd's HTTP API)."""
+    target = path + "?" + urlencode(list(query.items()), safe="", quote_via=quote)
+    conn = h11.Connection(h11.CLIENT)
+    headers = [
+        ("Host", _host_header(_check_host(host), _check_port(port))),
+        ("User-Agent", user_agent),
+        ("Accept", ACCEPT_V1),
+        ("Content-Length", str(len(body))),
+        ("Connection", "close"),
+    ]
+    try:
+        head = conn.send(h11.Request(method="POST", target=target, headers=headers))
+        data = conn.send(h11.Data(data=body)) if body else b""
+        end = conn.send(h11.EndOfMessage())
+    except h11.LocalProtocolError as exc:
+        raise LocalProtocolError(f"cannot build the nsqd request: {exc}") from exc
+    assert head is not None and data is not None and end is not None
+    return head + data + end
+
+
 def build_lookup_request(
     host: str,
     port: int,

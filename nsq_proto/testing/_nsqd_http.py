@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .._names import is_valid_channel_name, is_valid_topic_name
 from ._http import HttpResponse, go_response, respond_plain, respond_v1
 from ._store import Channel, Topic
-from ._util import GoValueError, http_date, parse_query, rfc3339
+from ._util import GoValueError, http_date, parse_query, parse_start_position, rfc3339
 
 if TYPE_CHECKING:
     from ._nsqd import Nsqd
@@ -156,7 +156,13 @@ def topic_channel_args(req: _Request) -> tuple[str, str]:
 
 def _existing_topic(nsqd: Nsqd, req: _Request) -> tuple[Topic, str]:
     topic_name, channel_name = topic_channel_args(req)
-    topic = nsqd._http_existing_topic(topic_name)
+    partition = -1
+    if nsqd.options.partitioned and req.get("partition"):
+        try:
+            partition = int(req.get("partition") or "")
+        except ValueError:
+            raise HttpError(400, "INVALID_ARG_TOPIC_PARTITION") from None
+    topic = nsqd._http_existing_topic(topic_name, partition)
     if topic is None:
         raise HttpError(404, "TOPIC_NOT_FOUND")
     return topic, channel_name
@@ -321,6 +327,25 @@ def _existing_channel(nsqd: Nsqd, req: _Request) -> Channel:
 def _channel_create(nsqd: Nsqd, req: _Request, now: float) -> None:
     topic, channel_name = _existing_topic(nsqd, req)
     nsqd._get_channel(topic, channel_name, now)
+
+
+def _channel_setoffset(nsqd: Nsqd, req: _Request, now: float) -> None:
+    """The partitioned server's ``/channel/setoffset``: the body is a start position; it is
+    applied whoever else consumes the channel."""
+    if not nsqd.options.partitioned:
+        raise HttpError(404, "NOT_FOUND")
+    channel = _existing_channel(nsqd, req)
+    if not req.body:
+        raise HttpError(406, "MSG_EMPTY")
+    try:
+        start = parse_start_position(req.body)
+    except ValueError as exc:
+        raise HttpError(400, str(exc)) from None
+    if not nsqd._is_leader(channel.topic.name, channel.topic.partition):
+        raise HttpError(400, "E_FAILED_ON_NOT_LEADER")
+    problem = nsqd._set_channel_offset(channel, start)
+    if problem is not None:
+        raise HttpError(500, problem)
 
 
 def _channel_empty(nsqd: Nsqd, req: _Request, now: float) -> None:
@@ -541,6 +566,7 @@ _ROUTES: dict[str, dict[str, tuple[Handler, bool]]] = {
     "/channel/create": {"POST": (_channel_create, False)},
     "/channel/delete": {"POST": (_channel_delete, False)},
     "/channel/empty": {"POST": (_channel_empty, False)},
+    "/channel/setoffset": {"POST": (_channel_setoffset, False)},
     "/channel/pause": {"POST": (_channel_pause, False)},
     "/channel/unpause": {"POST": (_channel_pause, False)},
 }

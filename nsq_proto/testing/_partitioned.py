@@ -38,7 +38,15 @@ from ._protocol import (
     _valid_name,
 )
 from ._store import Channel, StoredMessage, Topic
-from ._util import GoValueError, go_atoi, go_bytes_list, go_quote, parse_base10, to_int64
+from ._util import (
+    GoValueError,
+    go_atoi,
+    go_bytes_list,
+    go_quote,
+    parse_base10,
+    parse_start_position,
+    to_int64,
+)
 
 if TYPE_CHECKING:
     from ._nsqd import Nsqd
@@ -57,7 +65,6 @@ _unpack_u64 = struct.Struct(">Q").unpack_from
 E_TOPIC_NOT_EXIST = "E_TOPIC_NOT_EXIST"
 E_NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
 E_NOT_WRITABLE = "E_FAILED_ON_NOT_WRITABLE"
-_OFFSET_TYPES = ("timestamp", "special", "virtual_queue", "msgcount")
 
 
 def _nonfatal(code: str, description: bytes | str) -> ClientError:
@@ -66,18 +73,10 @@ def _nonfatal(code: str, description: bytes | str) -> ClientError:
 
 def parse_consume_offset(raw: bytes) -> tuple[str, int]:
     """``ConsumeOffset.FromBytes``: ``type:int64``; raises ClientError (fatal E_INVALID)."""
-    parts = raw.split(b":")
-    text = raw.decode("utf-8", "replace")
-    if len(parts) != 2:
-        raise _fatal("E_INVALID", "invalid consume offset:" + text)
-    kind = parts[0].decode("utf-8", "replace")
-    if kind not in _OFFSET_TYPES:
-        raise _fatal("E_INVALID", "invalid consume offset:" + text)
     try:
-        value = go_atoi(parts[1])
-    except GoValueError as exc:
-        raise _fatal("E_INVALID", str(exc).replace("strconv.Atoi", "strconv.ParseInt")) from None
-    return kind, value
+        return parse_start_position(raw)
+    except ValueError as exc:
+        raise _fatal("E_INVALID", str(exc)) from None
 
 
 class PartitionedConnection(NsqdConnection):

@@ -197,3 +197,23 @@ def parse_query(raw: str) -> dict[str, list[str]]:
     if first_error is not None:
         raise first_error
     return values
+
+
+_OFFSET_TYPES = ("timestamp", "special", "virtual_queue", "msgcount")
+
+
+def parse_start_position(raw: bytes) -> tuple[str, int]:
+    """The partitioned server's ``ConsumeOffset.FromBytes``: ``type:int64``; ValueError with
+    the server's text."""
+    parts = raw.split(b":")
+    text = raw.decode("utf-8", "replace")
+    if len(parts) != 2:
+        raise ValueError("invalid consume offset:" + text)
+    kind = parts[0].decode("utf-8", "replace")
+    if kind not in _OFFSET_TYPES:
+        raise ValueError("invalid consume offset:" + text)
+    try:
+        value = go_atoi(parts[1])
+    except GoValueError as exc:
+        raise ValueError(str(exc).replace("strconv.Atoi", "strconv.ParseInt")) from None
+    return kind, value
