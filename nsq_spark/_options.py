@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_proto import is_valid_channel_name, is_valid_topic_name
+from nsq_proto import ConfigError, StartFrom, is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
     "OptionError",
@@ -277,12 +277,16 @@ class SourceOptions:
     partitions: tuple[int, ...] | None = None
     reconnect_delay: float | None = None
     connect_timeout: float = 30.0
+    #: partitioned NSQ: where a new query starts (not applied when it resumes from a
+    #: checkpoint)
+    start_from: StartFrom | Mapping[int, StartFrom] | None = None
 
     @property
     def touch_interval(self) -> float:
         return self.msg_timeout / 3.0
 
-    def consumer_kwargs(self) -> dict[str, Any]:
+    def consumer_kwargs(self, *, fresh: bool = False) -> dict[str, Any]:
+        """The consumer's options; ``fresh``: a new query (``start_from`` applies)."""
         kwargs = self.connection.client_kwargs()
         kwargs.update(
             max_in_flight=self.max_in_flight,
@@ -298,6 +302,8 @@ class SourceOptions:
             kwargs["partitions"] = self.partitions
         if self.reconnect_delay is not None:
             kwargs["reconnect_delay"] = self.reconnect_delay
+        if fresh and self.start_from is not None:
+            kwargs["start_from"] = self.start_from
         return kwargs
 
 
@@ -317,8 +323,31 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "partitions",
         "reconnect_delay",
         "connect_timeout",
+        "start_from",
     )
 }
+
+
+def _start_from(text: str | None) -> StartFrom | dict[int, StartFrom] | None:
+    """``end``, ``timestamp:<unix s>``, ``virtual_queue:<offset>``, ``msgcount:<n>``, or per
+    partition ``0=end,1=msgcount:5``."""
+    if text is None:
+        return None
+    try:
+        if "=" not in text:
+            return StartFrom.parse(text)
+        positions: dict[int, StartFrom] = {}
+        for item in text.split(","):
+            partition, sep, position = item.partition("=")
+            if not sep or not partition.strip().isdigit():
+                raise ConfigError(f"{item.strip()!r} is not <partition>=<position>")
+            positions[int(partition)] = StartFrom.parse(position)
+        return positions
+    except ConfigError as exc:
+        raise OptionError(
+            f"option 'start_from' takes end, timestamp:<unix seconds>, virtual_queue:<offset>, "
+            f"msgcount:<n>, or <partition>=<position>,...: {exc}"
+        ) from None
 
 
 def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
@@ -363,7 +392,10 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         partitions=partitions,
         reconnect_delay=r.seconds("reconnect_delay", None, minimum=0.0),
         connect_timeout=connect_timeout,
+        start_from=_start_from(r.text("start_from")),
     )
+    if parsed.start_from is not None and not connection.lookupd_http_addresses:
+        raise OptionError("option 'start_from' needs lookupd_http_addresses")
     unknown = r.unknown(_SOURCE_KEYS)
     if unknown:
         raise OptionError(f"unknown option(s) of the nsq source: {', '.join(unknown)}")

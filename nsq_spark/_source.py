@@ -127,6 +127,8 @@ class _Feed:
     """The consumer and the messages it holds; every method runs on the reader's loop."""
 
     options: SourceOptions
+    #: a new query (not one resuming from its checkpoint): start_from applies
+    fresh: bool = False
     #: received, not yet numbered for a batch
     held: deque[_Held] = field(default_factory=deque)
     #: numbered for a batch (seq -> message), not yet FINished
@@ -151,7 +153,7 @@ class _Feed:
             with anyio.CancelScope() as scope:
                 self._scope = scope
                 async with nsq_anyio.Consumer(
-                    o.topic, o.channel, **o.consumer_kwargs()
+                    o.topic, o.channel, **o.consumer_kwargs(fresh=self.fresh)
                 ) as consumer:
                     self._consumer = consumer
                     task_status.started()
@@ -397,9 +399,9 @@ class _Feed:
 class _Runtime:
     """The reader's live part: a loop thread and the feed on it (never pickled)."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, *, fresh: bool = False) -> None:
         self.loop = LoopThread(f"nsq-spark-source-{options.topic}")
-        self.feed = _Feed(options)
+        self.feed = _Feed(options, fresh=fresh)
         self.closed = False
         try:
             self.future, _ = self.loop.portal.start_task(self.feed.run)
@@ -479,10 +481,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- the driver side ------------------------------------------------------------------
 
-    def _feed(self) -> _Runtime:
+    def _feed(self, *, fresh: bool = False) -> _Runtime:
         runtime = self._runtime
         if runtime is None:
-            runtime = self._runtime = _Runtime(self.options)
+            runtime = self._runtime = _Runtime(self.options, fresh=fresh)
             if self.handle_sigterm:
                 _install_sigterm_handler()
             atexit.register(runtime.close)
@@ -491,8 +493,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         # a fresh query numbers from 0; Spark may ask again when it plans the first batch, so
-        # the answer must not move
-        self._feed()
+        # the answer must not move.  Only a fresh query asks: start_from applies here (a query
+        # that resumes from its checkpoint goes on where the channel is)
+        self._feed(fresh=True)
         return _offset(0)
 
     def getDefaultReadLimit(self) -> ReadLimit:

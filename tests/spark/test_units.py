@@ -67,9 +67,32 @@ def test_source_options_defaults_and_spellings() -> None:
     assert kwargs["auth_secret"] == "s"
 
 
+def test_start_from_applies_to_a_new_query_only() -> None:
+    from nsq_proto import StartFrom
+
+    base = {"topic": "t", "channel": "c", "lookupd_http_addresses": "l:4161"}
+    o = parse_source_options({**base, "startFrom": "end"})
+    assert o.consumer_kwargs(fresh=True)["start_from"] == StartFrom.end()
+    assert "start_from" not in o.consumer_kwargs()  # resuming from a checkpoint
+    o = parse_source_options({**base, "start_from": "0=msgcount:5, 1=timestamp:1700000000"})
+    assert o.start_from == {0: StartFrom.message_count(5), 1: StartFrom.timestamp(1700000000)}
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
+        (
+            {"topic": "t", "channel": "c", "lookupd_http_addresses": "l:1", "start_from": "now"},
+            "start_from",
+        ),
+        (
+            {"topic": "t", "channel": "c", "lookupd_http_addresses": "l:1", "start_from": "x=end"},
+            "start_from",
+        ),
+        (
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "start_from": "end"},
+            "lookupd",
+        ),
         ({"channel": "c", "nsqd_tcp_addresses": "a:1"}, "topic"),
         ({"topic": "t", "nsqd_tcp_addresses": "a:1"}, "channel"),
         ({"topic": "t", "channel": "c"}, "nsqd_tcp_addresses"),
