@@ -21,7 +21,7 @@
         .start()
     )
 
-Delivery is at-least-once both ways: see ``nsq_spark/README.md``.
+Delivery is at-least-once both ways: see the "Spark source and sink" page of the documentation.
 """
 
 from __future__ import annotations
