@@ -1,0 +1,142 @@
+"""Run the Python code blocks of a Markdown page (the README, the docs) as a reader would.
+
+Each ```` ```python ```` block runs in a fresh interpreter, as ``__main__``, with a timeout;
+afterwards every ``test_*`` function it defines is called (``async`` ones with
+``anyio.run``), so a page can show a pytest test and have it run here.  A block that talks to
+nsqd at ``127.0.0.1:4150`` (nsqd HTTP ``:4151``, nsqlookupd ``:4161``) gets an emulator of
+its own, served on free ports that replace those addresses.  An HTML comment right above a
+block changes how it runs (the rendered page does not show it):
+
+- ``<!-- docs-test: skip REASON -->``: not run, and the reason says why;
+- ``<!-- docs-test: continue -->``: runs after the page's previous block, in one program;
+- ``<!-- docs-test: runs-forever -->``: must still be running after a few seconds, having
+  written nothing on stderr (no traceback, no warning); then it is stopped;
+- ``<!-- docs-test: in-memory -->``: its addresses are those of an in-memory emulator
+  (``MemoryNetwork``), so it runs as written, with no server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from .adapters.test_cli import serve
+
+ROOT = Path(__file__).parent.parent
+_BLOCK = re.compile(
+    r"(?:<!-- docs-test: (?P<directive>[a-z-]+)(?: (?P<reason>[^>]*?))? -->\n)?"
+    r"^```python\n(?P<code>.*?)^```",
+    re.S | re.M,
+)
+_ADDRESSES = {
+    "127.0.0.1:4150": "nsqd TCP",
+    "127.0.0.1:4151": "nsqd HTTP",
+    "127.0.0.1:4161": "lookupd HTTP",
+}
+_RUNNER = textwrap.dedent(
+    """
+    import inspect, sys
+    namespace = {"__name__": "__main__"}
+    exec(compile(open(sys.argv[1]).read(), sys.argv[2], "exec"), namespace)
+    for name, value in list(namespace.items()):
+        if name.startswith("test_") and inspect.isfunction(value):
+            if inspect.iscoroutinefunction(value):
+                import anyio
+
+                anyio.run(value)
+            else:
+                value()
+    """
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    code: str
+    directive: str | None
+    reason: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The page's runnable blocks; a ``continue`` block carries its predecessors' code."""
+    text = path.read_text()
+    page = str(path.relative_to(ROOT))
+    found: list[Block] = []
+    for match in _BLOCK.finditer(text):
+        directive = match["directive"]
+        if directive not in (None, "skip", "continue", "runs-forever", "in-memory"):
+            raise ValueError(f"{page}: unknown docs-test directive {directive!r}")
+        if directive == "skip" and not match["reason"]:
+            raise ValueError(f"{page}: a skipped block says why")
+        code = match["code"]
+        if directive == "continue":
+            if not found:
+                raise ValueError(f"{page}: 'continue' on the page's first block")
+            code = found.pop().code + "\n" + code
+        line = text.count("\n", 0, match.start("code")) + 1
+        found.append(Block(page, line, code, directive, match["reason"]))
+    return found
+
+
+def run(block: Block, tmp_path: Path, timeout: float = 60.0) -> None:
+    """Run the block; raise AssertionError with its output if it fails."""
+    if block.directive == "skip":
+        return
+    if block.directive != "in-memory" and any(a in block.code for a in _ADDRESSES):
+        with serve() as served:
+            code = block.code
+            for address, name in _ADDRESSES.items():
+                code = code.replace(address, served[name])
+            _run(block, code, tmp_path, timeout)
+    else:
+        _run(block, block.code, tmp_path, timeout)
+
+
+def _run(block: Block, code: str, tmp_path: Path, timeout: float) -> None:
+    source = tmp_path / "block.py"
+    source.write_text(code)
+    command = [sys.executable, "-c", _RUNNER, str(source), block.name]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if block.directive == "runs-forever":
+        try:
+            out, err = proc.communicate(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=30.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            early = err.split("KeyboardInterrupt")[0].split("Traceback")[0]
+            assert not early.strip(), f"{block.name} wrote on stderr:\n{err}"
+            return
+        raise AssertionError(f"{block.name} ended (exit {proc.returncode}):\n{out}\n{err}")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"{block.name} still running after {timeout} s:\n{out}\n{err}"
+        ) from None
+    assert proc.returncode == 0, f"{block.name} failed (exit {proc.returncode}):\n{out}\n{err}"

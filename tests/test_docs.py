@@ -1,0 +1,117 @@
+"""The documentation site: its code blocks run, its links resolve, and the configuration
+reference matches the dataclasses it documents."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import pytest
+
+from nsq_proto import ConnectionConfig, ConsumerConfig, ProducerConfig
+
+from .codeblocks import ROOT, Block, blocks, run
+
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+BLOCKS = [b for page in PAGES for b in blocks(page)]
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+def test_code_block_runs(block: Block, tmp_path: Path) -> None:
+    if block.directive == "skip":
+        pytest.skip(f"{block.name}: {block.reason}")
+    run(block, tmp_path)
+
+
+def test_the_sink_section_says_how_often_a_failed_publish_is_tried() -> None:
+    sink = (DOCS / "spark.md").read_text().split("## The sink")[1].split("\n## ")[0]
+    # Spark tries a failed task again only as its settings say; local[N] does not
+    assert "`spark.task.maxFailures`" in sink
+    assert "with the master `local[N]`, a task is tried\nonce" in sink
+    assert "`local[N,M]`" in sink
+
+
+def test_every_page_is_in_the_navigation() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in DOCS.rglob("*.md"):
+        assert str(page.relative_to(DOCS)) in nav, f"{page} is not in mkdocs.yml's nav"
+
+
+def test_relative_links_point_at_pages() -> None:
+    for page in DOCS.rglob("*.md"):
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).is_file(), f"{page}: broken link {target}"
+
+
+# --------------------------------------------------------------- the configuration reference
+
+#: the options of go-nsq's Config (its `opt:"..."` names) that this client has as well
+GO_NSQ = frozenset(
+    """
+    dial_timeout read_timeout lookupd_poll_interval lookupd_poll_jitter lookupd_poll_timeout
+    max_requeue_delay default_requeue_delay max_backoff_duration backoff_multiplier
+    max_attempts low_rdy_idle_timeout low_rdy_timeout rdy_redistribute_interval client_id
+    hostname user_agent heartbeat_interval sample_rate tls_v1 deflate deflate_level snappy
+    output_buffer_size output_buffer_timeout max_in_flight msg_timeout auth_secret
+    """.split()  # noqa: SIM905
+)
+#: fields that are fractions, not seconds, though they are floats
+FRACTIONS = frozenset({"lookupd_poll_jitter", "reconnect_jitter"})
+CONFIG_PAGE = DOCS / "configuration.md"
+
+
+def table(section: str) -> dict[str, list[str]]:
+    """The rows of the first table under ``## {section}``: option -> its other cells."""
+    text = CONFIG_PAGE.read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        name = cells[0].strip("`")
+        assert name not in rows, f"{section}: {name} listed twice"
+        rows[name] = cells[1:]
+    return rows
+
+
+def documented_default(cell: str) -> str:
+    return cell.strip("`")
+
+
+def expected_default(name: str, cls: type) -> str:
+    (f,) = [f for f in fields(cls) if f.name == name]
+    value = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+    if name == "user_agent":
+        return '"nsq_proto/<version>"'  # the version changes; the page says which
+    return repr(value).replace("'", '"')
+
+
+def is_seconds(name: str, cls: type) -> bool:
+    (f,) = [f for f in fields(cls) if f.name == name]
+    return "float" in str(f.type) and name not in FRACTIONS
+
+
+SECTIONS = [
+    ("Connection options", ConnectionConfig, set()),
+    ("Consumer options", ConsumerConfig, {f.name for f in fields(ConnectionConfig)}),
+    ("Producer options", ProducerConfig, {f.name for f in fields(ConnectionConfig)}),
+]
+
+
+@pytest.mark.parametrize(("section", "cls", "inherited"), SECTIONS, ids=[s[0] for s in SECTIONS])
+def test_configuration_reference_lists_every_option(
+    section: str, cls: type, inherited: set[str]
+) -> None:
+    rows = table(section)
+    own = [f.name for f in fields(cls) if f.name not in inherited]
+    assert sorted(rows) == sorted(own), f"{section}: the table and {cls.__name__} differ"
+    for name in own:
+        go_nsq, default, unit = rows[name][:3]
+        where = f"{section}, {name}"
+        assert documented_default(default) == expected_default(name, cls), where
+        same_name = name in GO_NSQ and not (cls is ProducerConfig and name == "max_attempts")
+        assert go_nsq == (f"`{name}`" if same_name else "—"), where
+        assert (unit == "s") == is_seconds(name, cls), f"{where}: unit {unit!r}"
