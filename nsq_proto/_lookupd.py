@@ -72,6 +72,13 @@ _MAX_HOST_LENGTH: Final = 255
 #: longest integer literal accepted in a body; longer ones are never legitimate and big-int
 #: conversion is not linear, so they are refused before Python converts them
 _MAX_INT_LITERAL: Final = 40
+#: deepest nesting of arrays and objects accepted in a body (real answers nest a few levels;
+#: below the recursion limit of every supported Python, so that each refuses the same bodies).
+#: Checked before parsing: the json module's own limit (a RecursionError) depends on the
+#: Python version, and from 3.13 on it lets thousands of levels through
+_MAX_JSON_DEPTH: Final = 512
+_JSON_STRING_RE: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_JSON_BRACKET_RE: Final = re.compile(r"[\[\]{}]")
 _TOPIC_NOT_FOUND: Final = "TOPIC_NOT_FOUND"
 _PORT_STRING_RE: Final = re.compile(r"[0-9]{1,5}\Z")
 _PARTITION_ID_RE: Final = re.compile(r"(?:0|[1-9][0-9]{0,9})\Z")
@@ -417,6 +424,8 @@ def _decode_json(body: bytes, what: str) -> object:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise LookupdError(f"{what}: body is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    if _too_deep(text):
+        raise LookupdError(f"{what}: body is not valid JSON (nested too deeply)")
     try:
         value: object = json.loads(text, parse_int=_parse_int, parse_constant=_reject_constant)
     except RecursionError as exc:
@@ -424,6 +433,19 @@ def _decode_json(body: bytes, what: str) -> object:
     except ValueError as exc:
         raise LookupdError(f"{what}: body is not valid JSON ({exc})") from exc
     return value
+
+
+def _too_deep(text: str) -> bool:
+    """Arrays and objects nest deeper than ``_MAX_JSON_DEPTH`` (brackets in strings aside)."""
+    depth = 0
+    for bracket in _JSON_BRACKET_RE.findall(_JSON_STRING_RE.sub("", text)):
+        if bracket in "[{":
+            depth += 1
+            if depth > _MAX_JSON_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
 
 
 def _error_text(body: bytes) -> str | None:

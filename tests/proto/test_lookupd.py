@@ -116,6 +116,18 @@ def test_fixture(path: Path) -> None:
         assert parse(case["parser"], case["status"], body) == expect["result"]
 
 
+@pytest.mark.parametrize("depth", [500, 512, 513, 2_000, 9_000])
+def test_nesting_limit_is_the_same_on_every_python(depth: int) -> None:
+    # the json module's own limit moved with Python 3.13: the core checks depth itself
+    ignored = "[" * (depth - 1) + "]" * (depth - 1)  # inside the answer's object
+    body = f'{{"producers": [], "x": {ignored}, "s": "[[[[{{{{"}}'.encode()
+    if depth <= 512:
+        assert parse("lookup", 200, body) == parse("lookup", 200, b'{"producers": []}')
+    else:
+        with pytest.raises(LookupdError, match="nested too deeply"):
+            parse("lookup", 200, body)
+
+
 HTTP_FIXTURES = [p for p in FIXTURES if "http_response_hex" in load(p)]
 
 
