@@ -265,6 +265,8 @@ class Consumer(MultiConnectionCore[_Conn]):
         self.messages_finished = 0
         self.messages_requeued = 0
         self.messages_given_up = 0
+        #: identical deliveries of a held message on an ordered connection, not passed on
+        self.repeats_dropped = 0
 
     # ------------------------------------------------------------------ outputs and time
 
@@ -508,7 +510,13 @@ class Consumer(MultiConnectionCore[_Conn]):
                         rec.in_flight[message.id] = message
                     out.append(MessageGivenUp(rec.conn_id, message, finish))
                     continue
-                if message.id in rec.in_flight:
+                held = rec.in_flight.get(message.id)
+                if held is not None and rec.ordered and held.attempts == message.attempts:
+                    # the partitioned server sent the very same delivery twice (its reader
+                    # is reset when a channel with a backlog turns ordered): one copy counts
+                    self.repeats_dropped += 1
+                    continue
+                if held is not None:
                     # delivered again while a copy is held (msg_timeout passed, or the
                     # partitioned server repeated an ordered message): the newest counts
                     rec.copies[message.id] = rec.copies.get(message.id, 1) + 1

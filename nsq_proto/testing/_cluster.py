@@ -132,7 +132,7 @@ class Cluster:
 
         Internal ids of partition ``p`` count from the commit log's start, ``p << 50``, as in
         the real cluster.  With ``writable=False`` the topic refuses publishes with the
-        non-fatal ``E_FAILED_ON_NOT_WRITABLE`` until :meth:`enable_writes`, as a new topic
+        non-fatal ``E_FAILED_ON_NOT_LEADER`` (as the real one answers) until :meth:`enable_writes`, as a new topic
         of the real cluster does until its write check has run (up to minutes)."""
         if not is_valid_topic_name(name):
             raise ValueError(f"invalid topic name {name!r}")

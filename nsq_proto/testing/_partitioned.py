@@ -240,6 +240,11 @@ class PartitionedConnection(NsqdConnection):
         super()._deliver(msg, now)
         channel = self.channel
         if channel is not None and channel.ordered:
+            if channel.repeat_next:
+                # the same frame again (same id, same attempts), one message in flight: its
+                # second FIN is answered with the non-fatal E_FIN_FAILED
+                channel.repeat_next = False
+                self._send_frame(FrameType.MESSAGE, self._message_data(msg))
             self._flush()
 
     # -- topic lookup helpers ---------------------------------------------------------------
@@ -321,7 +326,7 @@ class PartitionedConnection(NsqdConnection):
         if not nsqd._is_leader(name, partition):
             raise _nonfatal(E_NOT_LEADER, "")
         if topic.write_disabled:
-            raise _nonfatal(E_NOT_WRITABLE, "")
+            raise _nonfatal(E_NOT_LEADER, "")  # what the real one answers a new topic
         msg = nsqd._new_partition_message(
             topic, body, self._now, trace_id=trace_id, ext_version=ext_version, ext_data=ext_data
         )
@@ -384,7 +389,7 @@ class PartitionedConnection(NsqdConnection):
         if not nsqd._is_leader(name, partition):
             raise _nonfatal(E_NOT_LEADER, "")
         if topic.write_disabled:
-            raise _nonfatal(E_NOT_WRITABLE, "")
+            raise _nonfatal(E_NOT_LEADER, "")  # what the real one answers a new topic
         first: StoredMessage | None = None
         total = 0
         for body, trace_id, ext_version, ext_data in items:
@@ -501,6 +506,9 @@ class PartitionedConnection(NsqdConnection):
         if ordered and self.sample_rate != 0:
             raise _fatal("E_INVALID", "order consume is not allowed while sample rate is not 0")
         if ordered:
+            if not channel.ordered and channel.queue:
+                # the real server's reader, reset on the switch, reads the first message again
+                channel.repeat_next = True
             channel.ordered = True
         if start is not None and len(channel.clients) <= 1:
             problem = nsqd._set_channel_offset(channel, start)

@@ -153,6 +153,9 @@ class Channel:
         self.paused = False
         #: partitioned server: one message outstanding at a time (SUB_ORDERED)
         self.ordered = False
+        #: partitioned server: the next delivery goes out twice (the channel's reader was
+        #: reset when it turned ordered with a backlog: "read a message not in ordered")
+        self.repeat_next = False
         self.queue: deque[StoredMessage] = deque()
         self.in_flight: dict[bytes, InFlight] = {}
         self.deferred: dict[bytes, tuple[StoredMessage, float, int]] = {}

@@ -178,7 +178,8 @@ def test_ordered_subscription_one_at_a_time_with_queue_position() -> None:
     s = client(node, layout=ORDERED_LAYOUT)
     s.send(b"SUB_ORDERED orders c 0\nRDY 5\n", 0.1)
     assert s.read()[0] == (0, b"OK")
-    (first,) = s.messages(s.frames)
+    first, repeat = s.messages(s.frames)  # the head of a backlog comes twice (real server)
+    assert repeat.id == first.id
     assert (first.body, first.queue_offset, first.raw_size) == (b"o0", 0, 32)
     s.req(first.id, 1000, 0.2)  # a delay is ignored on an ordered channel
     assert s.messages() == []
@@ -197,7 +198,8 @@ def test_ordered_timeout_redelivers_the_same_message_first() -> None:
     p.send(b"PUB orders 0\n" + body(b"a") + b"PUB orders 0\n" + body(b"b"), 0.0)
     s = client(node, layout=ORDERED_LAYOUT, msg_timeout=1000)
     s.send(b"SUB_ORDERED orders c 0\nRDY 2\n", 0.0)
-    assert [m.body for m in s.messages()] == [b"a"]
+    # the first ordered subscription over a backlog sends its head twice (the real server)
+    assert [m.body for m in s.messages()] == [b"a", b"a"]
     c.handle_timer(1.0)
     assert [(m.body, m.attempts) for m in s.messages()] == [(b"a", 2)]
 
@@ -456,9 +458,32 @@ def test_a_new_topic_refuses_writes_until_enabled() -> None:
     p = client(c.nodes[0])
     p.send(b"PUB orders 0\n" + body(b"early") + b"PUB orders 0\n" + body(b"early"), 0.0)
     # non-fatal, after the body was read: the connection stays in step
-    assert p.read() == [(1, b"E_FAILED_ON_NOT_WRITABLE "), (1, b"E_FAILED_ON_NOT_WRITABLE ")]
+    # the real cluster answers a new topic with E_FAILED_ON_NOT_LEADER until its check ran
+    assert p.read() == [(1, b"E_FAILED_ON_NOT_LEADER "), (1, b"E_FAILED_ON_NOT_LEADER ")]
     assert c.topic("orders", 0).message_count == 0
     c.enable_writes("orders")
     p.send(b"PUB orders 0\n" + body(b"later"), 0.1)
     assert p.read() == [(0, b"OK")]
     assert [m.body for m in c.topic("orders", 0).log] == [b"later"]
+
+
+def test_the_first_ordered_subscription_over_a_backlog_delivers_its_head_twice() -> None:
+    # the real server resets the channel's reader when it turns ordered ("read a message not
+    # in ordered") and sends the first message again: same id, same attempts
+    c = cluster(ordered=True)
+    c.create_channel("orders", "c", 0.0)
+    leader = c.leader("orders", 0)
+    assert leader is not None
+    leader.publish("orders", b"first", 0.0, partition=0)
+    leader.publish("orders", b"second", 0.0, partition=0)
+    s = client(leader, layout=ORDERED_LAYOUT)
+    s.send(b"SUB_ORDERED orders c 0\nRDY 5\n", 0.1)
+    assert s.read()[0] == (0, b"OK")
+    messages = s.messages(s.frames)
+    assert [(m.body, m.attempts) for m in messages] == [(b"first", 1), (b"first", 1)]
+    assert messages[0].id == messages[1].id
+    s.fin(messages[0].id, 0.2)
+    s.fin(messages[1].id, 0.2)
+    out = s.read()
+    assert [kind for kind, data in out if data.startswith(b"E_FIN_FAILED")] == [1]
+    assert [m.body for m in s.messages(out)] == [b"second"]  # once

@@ -426,3 +426,30 @@ def test_a_lookupd_learned_from_listlookup_is_dropped_once_it_stays_dead() -> No
     # the seed answers again: its /listlookup names the other lookupd, which is asked again
     assert other.http_port in {port for port, _ in asked}
     assert len(consumer.connections()) == 2
+
+
+def test_an_ordered_consumer_hands_on_the_servers_repeated_head_once() -> None:
+    # the partitioned server sends the head of a backlog twice on the first SUB_ORDERED
+    net = MemoryNetwork()
+    cluster = net.add_cluster(Cluster(nodes=1))
+    cluster.create_topic("orders", net.now, partitions=1, ordered=True)
+    cluster.create_channel("orders", "c", net.now)
+    for body in (b"first", b"second", b"third"):
+        cluster.nodes[0].publish("orders", body, net.now, partition=0)
+    events: list[Event] = []
+    consumer = Consumer(
+        "orders", "c", ConsumerConfig(max_in_flight=5), lookupd_http_addresses=["127.0.0.1:4161"]
+    )
+
+    def on_event(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, MessageReceived):
+            consumer.finish(event.conn_id, event.message.id, net.now)
+
+    net.attach(consumer, on_event)
+    net.start()
+    net.advance(2.0)
+    bodies = [e.message.body for e in events if isinstance(e, MessageReceived)]
+    assert bodies == [b"first", b"second", b"third"]
+    assert consumer.repeats_dropped == 1
+    assert not [e for e in events if getattr(e, "code", None) == "E_FIN_FAILED"]

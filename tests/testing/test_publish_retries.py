@@ -168,7 +168,7 @@ def test_a_topic_that_stays_unwritable_fails_its_publish_with_the_cause_in_momen
     ok, failed = outcome(net.take_events(producer))
     assert ok == []
     error = failed[rid]
-    assert isinstance(error, ServerError) and error.code == "E_FAILED_ON_NOT_WRITABLE"
+    assert isinstance(error, ServerError) and error.code == "E_FAILED_ON_NOT_LEADER"
     cluster.enable_writes("fresh")
     again = producer.publish("fresh", b"x", net.now, partition=0)
     net.advance(1.0)
