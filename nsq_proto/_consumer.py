@@ -192,6 +192,12 @@ class _Conn:
     #: ids delivered again while an older delivery was still held -> deliveries unanswered
     copies: dict[bytes, int] = field(default_factory=dict)
     ready_at: float | None = None
+    #: ordered connections: (id, attempts, finished) of the delivery answered last
+    last_answered: tuple[bytes, int, bool] | None = None
+    #: ordered connections: held ids the server sent twice; the server waits for two FINs
+    repeated: set[bytes] = field(default_factory=set)
+    #: FINs of a repeat sent: their E_FIN_FAILED answers are expected, not reported
+    repeat_fins: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,10 +517,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                     out.append(MessageGivenUp(rec.conn_id, message, finish))
                     continue
                 held = rec.in_flight.get(message.id)
-                if held is not None and rec.ordered and held.attempts == message.attempts:
-                    # the partitioned server sent the very same delivery twice (its reader
-                    # is reset when a channel with a backlog turns ordered): one copy counts
-                    self.repeats_dropped += 1
+                if rec.ordered and self._repeat(rec, held, message):
                     continue
                 if held is not None:
                     # delivered again while a copy is held (msg_timeout passed, or the
@@ -533,6 +536,9 @@ class Consumer(MultiConnectionCore[_Conn]):
                 out.append(item)
                 self._on_closed(rec, item, now)
             elif isinstance(item, ErrorReceived):
+                if item.code == "E_FIN_FAILED" and rec.repeat_fins:
+                    rec.repeat_fins -= 1  # the answer to the FIN of a repeat, as expected
+                    continue
                 out.append(item)
                 self._on_error(rec, item, now)
             elif isinstance(item, CloseWaitReceived):
@@ -541,6 +547,34 @@ class Consumer(MultiConnectionCore[_Conn]):
                     conn.close("consumer stopped")
             else:
                 out.append(item)
+
+    def _repeat(self, rec: _Conn, held: Message | None, message: Message) -> bool:
+        """The partitioned server sends the head of a backlog twice (same id, same attempts)
+        on the first SUB_ORDERED of a channel, and moves on only once both copies are
+        FINished.  The application sees one copy; the other is FINished after it."""
+        if held is not None and held.attempts == message.attempts:
+            rec.repeated.add(message.id)  # FINished when the application FINishes the first
+        elif rec.last_answered == (message.id, message.attempts, True):
+            rec.conn.finish(message.id)
+            rec.repeat_fins += 1
+        elif rec.last_answered is not None and rec.last_answered[:2] == (
+            message.id,
+            message.attempts,
+        ):
+            pass  # the first copy was requeued: the server delivers it again anyway
+        else:
+            return False
+        self.repeats_dropped += 1
+        return True
+
+    def _finish_repeat(self, rec: _Conn, msg_id: bytes) -> None:
+        last = rec.last_answered
+        if last is not None and last[0] == msg_id:
+            rec.last_answered = (msg_id, last[1], True)
+        if msg_id in rec.repeated:
+            rec.repeated.discard(msg_id)
+            rec.conn.finish(msg_id)
+            rec.repeat_fins += 1
 
     def _on_ready(self, rec: _Conn, now: float) -> None:
         self._share = None
@@ -818,6 +852,8 @@ class Consumer(MultiConnectionCore[_Conn]):
         message = rec.in_flight.pop(msg_id, None)
         if message is None:
             raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
+        if rec.ordered:
+            rec.last_answered = (msg_id, message.attempts, False)
         if rec.copies:
             left = rec.copies.pop(msg_id, 0) - 1
             if left > 0:
@@ -842,6 +878,8 @@ class Consumer(MultiConnectionCore[_Conn]):
         rec, _, stale = taken
         self.messages_finished += 1
         rec.conn.finish(msg_id)
+        if rec.ordered:
+            self._finish_repeat(rec, msg_id)
         if not stale:
             self._backoff_signal(True, now)
         self._after_answer(rec, now)

@@ -86,7 +86,8 @@ class StartFrom:
 
     @classmethod
     def message_count(cls, count: int) -> StartFrom:
-        """The message with this index in the partition (0 is the first kept)."""
+        """The partition's ``count``-th message (1 is the first; the count covers the
+        partition's whole history, as the real server counts)."""
         return cls("msgcount", count)
 
     def token(self) -> bytes:

@@ -406,9 +406,10 @@ class Nsqd:
                 (m.queue_offset for m in topic.log if m.timestamp >= value * 1_000_000_000),
                 topic.next_offset,
             )
-        else:  # msgcount
+        else:  # msgcount: the value-th message (the real server searches for count value - 1)
+            index = max(value - 1, 0)
             position = (
-                topic.log[value].queue_offset if 0 <= value < len(topic.log) else topic.next_offset
+                topic.log[index].queue_offset if index < len(topic.log) else topic.next_offset
             )
         busy = set(channel.in_flight) | set(channel.deferred)
         channel.queue.clear()
@@ -488,7 +489,7 @@ class Nsqd:
         if channel.paused:
             return
         while channel.queue:
-            if channel.ordered and channel.in_flight:
+            if channel.ordered and (channel.in_flight or channel.owed):
                 return
             client = self._pick_client(channel)
             if client is None:

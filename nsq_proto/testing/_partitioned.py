@@ -237,13 +237,16 @@ class PartitionedConnection(NsqdConnection):
         )
 
     def _deliver(self, msg: StoredMessage, now: float) -> None:
-        super()._deliver(msg, now)
         channel = self.channel
+        if channel is not None:
+            channel.owed.discard(msg.key)  # delivered again: that copy is what counts
+        super()._deliver(msg, now)
         if channel is not None and channel.ordered:
             if channel.repeat_next:
                 # the same frame again (same id, same attempts), one message in flight: its
                 # second FIN is answered with the non-fatal E_FIN_FAILED
                 channel.repeat_next = False
+                channel.owed.add(msg.key)
                 self._send_frame(FrameType.MESSAGE, self._message_data(msg))
             self._flush()
 
@@ -573,6 +576,10 @@ class PartitionedConnection(NsqdConnection):
         key = full[:8]
         problem = channel.finish(self.id, key) if self.id in channel.clients else "ID not in flight"
         if problem is not None:
+            if key in channel.owed:
+                # the FIN of a repeated copy: refused, yet the ordered channel moves on
+                channel.owed.discard(key)
+                self._nsqd._dirty_channel(channel)
             raise _nonfatal(
                 "E_FIN_FAILED",
                 b"FIN "

@@ -156,6 +156,8 @@ class Channel:
         #: partitioned server: the next delivery goes out twice (the channel's reader was
         #: reset when it turned ordered with a backlog: "read a message not in ordered")
         self.repeat_next = False
+        #: ids sent twice: the ordered channel moves on once the second copy is FINished too
+        self.owed: set[bytes] = set()
         self.queue: deque[StoredMessage] = deque()
         self.in_flight: dict[bytes, InFlight] = {}
         self.deferred: dict[bytes, tuple[StoredMessage, float, int]] = {}
@@ -231,6 +233,7 @@ class Channel:
         if isinstance(entry, str):
             return entry
         self.requeue_count += 1
+        self.owed.discard(msg_id)  # requeued: the next delivery is what counts
         if delay <= 0:
             self.put_back(entry.message)
         else:
@@ -298,6 +301,7 @@ class Channel:
             if entry is None or entry.token != token:
                 continue
             del self.in_flight[mid]
+            self.owed.discard(mid)
             self.timeout_count += 1
             client = self.clients.get(entry.client_id)
             if client is not None:

@@ -453,3 +453,33 @@ def test_an_ordered_consumer_hands_on_the_servers_repeated_head_once() -> None:
     assert bodies == [b"first", b"second", b"third"]
     assert consumer.repeats_dropped == 1
     assert not [e for e in events if getattr(e, "code", None) == "E_FIN_FAILED"]
+
+
+def test_the_servers_repeated_head_is_dropped_even_after_its_original_was_answered() -> None:
+    # on the real server the repeat may arrive after the application answered the first copy
+    from nsq_proto import encode_frame
+    from nsq_proto._message import encode_message_data
+
+    consumer = Consumer(
+        "orders",
+        "c",
+        ConsumerConfig(max_in_flight=5, partitions=(0,), ordered=True),
+        nsqd_tcp_addresses=["n1:4150"],
+    )
+    consumer.start(0.0)
+    (connect,) = [o for o in consumer.outputs() if type(o).__name__ == "Connect"]
+    cid = connect.conn_id  # type: ignore[attr-defined]
+    consumer.connection_made(cid, 0.0)
+    from tests.proto.helpers import identify_response, response
+
+    consumer.receive_data(cid, identify_response(version="0.3.7-HA.1.13.0"), 0.0)
+    consumer.receive_data(cid, response(b"OK"), 0.0)
+    msg_id = (7).to_bytes(8, "big") + bytes(8)
+    frame = encode_frame(2, encode_message_data(msg_id, 1, 1, b"head", queue_position=(0, 34)))
+    consumer.receive_data(cid, frame, 0.1)
+    got = [o for o in consumer.outputs() if isinstance(o, MessageReceived)]
+    assert [m.message.body for m in got] == [b"head"]
+    consumer.finish(cid, msg_id, 0.2)
+    consumer.receive_data(cid, frame, 0.3)  # the very same delivery again
+    assert not [o for o in consumer.outputs() if isinstance(o, MessageReceived)]
+    assert consumer.repeats_dropped == 1

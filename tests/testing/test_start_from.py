@@ -86,7 +86,8 @@ def test_start_from_the_end_skips_the_backlog_of_every_partition(channel: bool) 
 
 def test_start_positions_per_partition() -> None:
     net, _ = backlog(nodes=2)
-    start = {0: StartFrom.message_count(3), 1: StartFrom.queue_offset(0)}
+    # msgcount:4 is the partition's fourth message (the server counts from 1)
+    start = {0: StartFrom.message_count(4), 1: StartFrom.queue_offset(0)}
     _, got, _ = consume(net, start)
     assert [b for p, b in got if p == 0] == [b"old-0-3", b"old-0-4"]
     assert [b for p, b in got if p == 1] == [b"old-1-%d" % i for i in range(5)]
