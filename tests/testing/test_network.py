@@ -196,25 +196,33 @@ def test_producer_follows_a_moved_partition_leader() -> None:
     assert new_leader.topic_stats("orders", partition=1).message_count == 2
 
 
-def test_consumer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> None:
+def cluster_with_two_lookupds() -> tuple[MemoryNetwork, Lookupd, Lookupd, Consumer, list[object]]:
+    """A consumer that knows only the first lookupd of a cluster of two, and the HTTP
+    requests it makes (host, port, time)."""
     net = MemoryNetwork()
     cluster = net.add_cluster(Cluster(nodes=2, lookupds=2))
     cluster.create_topic("orders", net.now, partitions=2)
     cluster.create_channel("orders", "c", net.now)
     seed, other = cluster.lookupds
     consumer = Consumer("orders", "c", lookupd_http_addresses=[f"127.0.0.1:{seed.http_port}"])
-    asked: list[tuple[str, int]] = []
+    asked: list[object] = []
     real_http = net._http
 
     def spy(core: object, req: object) -> None:
-        asked.append((req.host, req.port))  # type: ignore[attr-defined]
+        asked.append((req.host, req.port, net.now))  # type: ignore[attr-defined]
         real_http(core, req)  # type: ignore[arg-type]
 
     net._http = spy  # type: ignore[method-assign]
     net.attach(consumer)
     net.start()
     net.advance(0.1)
-    assert ("127.0.0.1", other.http_port) in asked  # polled right after /listlookup
+    return net, seed, other, consumer, asked
+
+
+def test_consumer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> None:
+    _, _, other, consumer, asked = cluster_with_two_lookupds()
+    # polled right after /listlookup
+    assert ("127.0.0.1", other.http_port) in [(h, p) for h, p, _ in asked]  # type: ignore[misc]
     assert len(consumer.connections()) == 2
     # a standard nsqlookupd is never asked for /listlookup
     net2, _, _ = two_nsqd_network()
@@ -393,38 +401,24 @@ def test_unroutable_publishes_fail_at_once_with_the_cause() -> None:
 
 
 def test_a_lookupd_learned_from_listlookup_is_dropped_once_it_stays_dead() -> None:
-    net = MemoryNetwork()
-    cluster = net.add_cluster(Cluster(nodes=2, lookupds=2))
-    cluster.create_topic("orders", net.now, partitions=2)
-    cluster.create_channel("orders", "c", net.now)
-    seed, other = cluster.lookupds
-    consumer = Consumer("orders", "c", lookupd_http_addresses=[f"127.0.0.1:{seed.http_port}"])
-    asked: list[tuple[int, float]] = []
-    real_http = net._http
+    net, seed, other, consumer, requests = cluster_with_two_lookupds()
 
-    def spy(core: object, req: object) -> None:
-        asked.append((req.port, net.now))  # type: ignore[attr-defined]
-        real_http(core, req)  # type: ignore[arg-type]
+    def ports() -> list[int]:
+        return [port for _, port, _ in requests]  # type: ignore[misc]
 
-    net._http = spy  # type: ignore[method-assign]
-    net.attach(consumer)
-    net.start()
-    net.advance(0.1)
-    assert other.http_port in {port for port, _ in asked}
+    assert other.http_port in ports()
     # the learned lookupd goes away for good; so does the seed, for a while
     net.lookupds.pop(("127.0.0.1", other.http_port))
     seed_entry = net.lookupds.pop(("127.0.0.1", seed.http_port))
-    asked.clear()
+    requests.clear()
     net.advance(10 * 80.0)
-    to_other = [t for port, t in asked if port == other.http_port]
-    to_seed = [t for port, t in asked if port == seed.http_port]
-    assert len(to_other) == 3  # three failures in a row, then it is forgotten
-    assert len(to_seed) >= 10  # a seed is never forgotten
+    assert ports().count(other.http_port) == 3  # three failures in a row, then forgotten
+    assert ports().count(seed.http_port) >= 10  # a seed is never forgotten
     net.lookupds[("127.0.0.1", seed.http_port)] = seed_entry
-    asked.clear()
+    requests.clear()
     net.advance(80.0)
     # the seed answers again: its /listlookup names the other lookupd, which is asked again
-    assert other.http_port in {port for port, _ in asked}
+    assert other.http_port in ports()
     assert len(consumer.connections()) == 2
 
 
