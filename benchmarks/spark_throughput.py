@@ -19,7 +19,6 @@ import contextlib
 import os
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,12 +44,14 @@ def nsqd(args: argparse.Namespace) -> Iterator[tuple[str, BlockingPortal, Any]]:
             yield cluster.nsqd_tcp_addresses[0], portal, cluster
 
 
-def publish(portal: BlockingPortal, address: str, topic: str, count: int, size: int) -> None:
+def publish(portal: BlockingPortal, addresses: str, topic: str, count: int, size: int) -> None:
+    """``count`` messages of ``size`` bytes, spread evenly over the comma-separated nsqds."""
     body = b"x" * size
+    nsqds = addresses.split(",")
 
-    async def run() -> None:
+    async def one(address: str, total: int) -> None:
         async with nsq_anyio.Producer(nsqd_tcp_addresses=[address], max_outstanding=16) as p:
-            remaining = count
+            remaining = total
 
             async def worker() -> None:
                 nonlocal remaining
@@ -62,6 +63,11 @@ def publish(portal: BlockingPortal, address: str, topic: str, count: int, size: 
             async with anyio.create_task_group() as tg:
                 for _ in range(8):
                     tg.start_soon(worker)
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            for i, address in enumerate(nsqds):
+                tg.start_soon(one, address, count // len(nsqds) + (i < count % len(nsqds)))
 
     portal.call(run)
 
@@ -85,77 +91,184 @@ def spark_session(args: argparse.Namespace) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.pollingDelay", "10ms")
         .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
     )
+    if args.fs_checkpoint:
+        spark = spark.config(
+            "spark.sql.streaming.checkpointFileManagerClass",
+            "org.apache.spark.sql.execution.streaming.checkpointing."
+            "FileSystemBasedCheckpointFileManager",
+        )
+    spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(NSQDataSource)
     return spark
 
 
+class Progress:
+    """The query's progress reports (``query.recentProgress``, polled: no listener calls back
+    into this process while the query runs): rows and durations of each micro-batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, Any]] = []
+        self.seen: set[int] = set()
+        self.rows = 0
+
+    def poll(self, query: Any) -> None:
+        for p in query.recentProgress:
+            if p.batchId in self.seen or not p.numInputRows:
+                continue
+            self.seen.add(p.batchId)
+            start = datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")).timestamp()
+            durations = dict(p.durationMs)
+            self.batches.append(
+                {
+                    "rows": p.numInputRows,
+                    "start": start,
+                    "end": start + durations.get("triggerExecution", 0) / 1000,
+                    "durations": durations,
+                }
+            )
+            self.rows += p.numInputRows
+        self.batches.sort(key=lambda b: b["start"])
+
+    def rate(self, warmup: int) -> tuple[float, int, int]:
+        """Rows per second over the batches after the first ``warmup`` (rows, batches)."""
+        measured = self.batches[warmup:]
+        if len(measured) < 2:
+            raise SystemExit(f"only {len(self.batches)} batches: publish more (--count)")
+        # from the end of the last warm-up batch (the next one's rows were already arriving)
+        begin = self.batches[warmup - 1]["end"] if warmup else measured[0]["start"]
+        rows = sum(b["rows"] for b in measured)
+        return rows / (measured[-1]["end"] - begin), rows, len(measured)
+
+    def profile(self, warmup: int) -> str:
+        measured = self.batches[warmup:]
+        keys = sorted({k for b in measured for k in b["durations"]})
+        parts = []
+        for key in keys:
+            values = [b["durations"].get(key, 0) for b in measured]
+            parts.append(f"{key} {sum(values) / len(values):.0f}")
+        rows = sum(b["rows"] for b in measured) / len(measured)
+        if os.environ.get("BENCH_TRACE"):
+            for b in self.batches:
+                print(f"  {b['start']:.3f} {b['end']:.3f} {b['rows']}", file=sys.stderr)
+        return f"mean per batch ({rows:.0f} rows), ms: " + ", ".join(parts)
+
+
+def run_query(args: argparse.Namespace, spark: Any, reader: Any, name: str, target: int) -> float:
+    """Stream ``reader`` into the noop sink until ``target`` rows; the steady rate."""
+    progress = Progress()
+    checkpoint = tempfile.mkdtemp(prefix="nsq-spark-bench-")
+    query = reader.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
+    deadline = time.monotonic() + args.timeout
+    try:
+        while progress.rows < target:
+            if query.exception() is not None:
+                raise SystemExit(f"{name} query failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"{name}: only {progress.rows} of {target} rows in {args.timeout} s"
+                )
+            time.sleep(1.0)  # recentProgress keeps the last 100 batches
+            progress.poll(query)
+    finally:
+        query.stop()
+    rate, rows, batches = progress.rate(args.warmup_batches)
+    print(
+        f"{name}: {rows} rows in {batches} batches after {args.warmup_batches} warm-up "
+        f"batches: {rate:.0f} rows/s",
+        file=sys.stderr,
+    )
+    if args.profile:
+        print(f"{name}: {progress.profile(args.warmup_batches)}", file=sys.stderr)
+    return rate
+
+
 def bench_source(
     args: argparse.Namespace, spark: Any, address: str, portal: BlockingPortal
 ) -> float:
-    from pyspark.sql.streaming import StreamingQueryListener
-
     topic = f"spark-bench-{uuid.uuid4().hex[:8]}"
     publish(portal, address, topic, args.count, args.size)
+    reader = spark.readStream.format("nsq")
+    if args.columns != "all":
+        reader = reader.schema(", ".join(f"{c} {_TYPES[c]}" for c in args.columns.split(",")))
+    reader = reader.option("topic", topic).option("channel", "bench")
+    if args.num_partitions:
+        reader = reader.option("num_partitions", str(args.num_partitions))
+    if args.lookupd_http_address:
+        reader = reader.option("lookupd_http_addresses", args.lookupd_http_address)
+    else:
+        reader = reader.option("nsqd_tcp_addresses", address)
+    if args.max_in_flight:
+        reader = reader.option("max_in_flight", str(args.max_in_flight))
+    if args.max_messages_per_trigger:
+        reader = reader.option("max_messages_per_trigger", str(args.max_messages_per_trigger))
+    return run_query(args, spark, reader.load(), "source", args.count)
 
-    done = threading.Event()
-    state: dict[str, Any] = {"rows": 0, "first": None, "end": None}
 
-    class Progress(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
+_TYPES = {
+    "body": "binary",
+    "id": "string",
+    "attempts": "int",
+    "timestamp": "timestamp",
+    "topic": "string",
+    "nsqd": "string",
+    "partition": "int",
+    "trace_id": "bigint",
+}
 
-        def onQueryProgress(self, event: Any) -> None:
-            progress = event.progress
-            if progress.numInputRows and state["first"] is None:
-                state["first"] = datetime.fromisoformat(
-                    progress.timestamp.replace("Z", "+00:00")
-                ).timestamp()
-            state["rows"] += progress.numInputRows
-            if state["rows"] >= args.count and not done.is_set():
-                state["end"] = time.time()
-                done.set()
 
-        def onQueryIdle(self, event: Any) -> None:
-            pass
+def bench_memory(args: argparse.Namespace, spark: Any) -> float:
+    """The same rows from a trivial in-memory Python source: Spark's own limit here."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-        def onQueryTerminated(self, event: Any) -> None:
-            done.set()
+    size = args.size
+    per_batch = args.memory_batch_rows
+    partitions = args.num_partitions or 1
 
-    listener = Progress()
-    spark.streams.addListener(listener)
-    checkpoint = tempfile.mkdtemp(prefix="nsq-spark-bench-")
-    query = (
-        spark.readStream.format("nsq")
-        .option("nsqd_tcp_addresses", address)
-        .option("topic", topic)
-        .option("channel", "bench")
-        .option("max_in_flight", str(args.max_in_flight))
-        .option("num_partitions", str(args.num_partitions))
-        .option(
-            "max_messages_per_trigger",
-            str(args.max_messages_per_trigger or args.max_in_flight // 2),
-        )
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", checkpoint)
-        .start()
-    )
-    try:
-        if not done.wait(args.timeout):
-            raise SystemExit(
-                f"source: only {state['rows']} of {args.count} rows in {args.timeout} s"
+    class Part(InputPartition):
+        def __init__(self, index: int, rows: int) -> None:
+            super().__init__(index)
+            self.rows = rows
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def latestOffset(self) -> dict[str, int]:
+            self.at = getattr(self, "at", 0) + per_batch
+            return {"n": self.at}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Part]:
+            rows = end["n"] - start["n"]
+            step, extra = divmod(rows, partitions)
+            return [Part(i, step + (i < extra)) for i in range(partitions)]
+
+        def read(self, partition: Part) -> Any:
+            body = b"x" * size
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([body] * partition.rows, pa.binary())], names=["body"]
             )
-        if query.exception() is not None:
-            raise SystemExit(f"source query failed: {query.exception()}")
-    finally:
-        query.stop()
-        spark.streams.removeListener(listener)
-    elapsed = state["end"] - state["first"]
-    print(f"source: {state['rows']} rows in {elapsed:.2f} s", file=sys.stderr)
-    return float(state["rows"] / elapsed)
+
+        def commit(self, end: dict[str, int]) -> None:
+            pass
+
+    class Memory(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "memory_bench"
+
+        def schema(self) -> str:
+            return "body binary"
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader()
+
+    spark.dataSource.register(Memory)
+    return run_query(
+        args, spark, spark.readStream.format("memory_bench").load(), "memory", args.count
+    )
 
 
 def bench_sink(
@@ -165,7 +278,7 @@ def bench_sink(
 
     def write(count: int) -> None:
         (
-            spark.range(count, numPartitions=args.num_partitions)
+            spark.range(count, numPartitions=args.num_partitions or 2)
             .selectExpr(f"repeat('x', {args.size}) as body")
             .write.format("nsq")
             .mode("append")
@@ -196,23 +309,50 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--nsqd-tcp-address", default=None, help="a real nsqd (default: emulator)")
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--count", type=int, default=50_000)
-    parser.add_argument("--size", type=int, default=200)
-    parser.add_argument("--max-in-flight", type=int, default=2500)
     parser.add_argument(
-        "--max-messages-per-trigger", type=int, default=0, help="default: half of --max-in-flight"
+        "--lookupd-http-address",
+        default=None,
+        help="the source finds nsqd through this lookupd (publishing still goes to "
+        "--nsqd-tcp-address, a comma-separated list: spread over them)",
     )
-    parser.add_argument("--num-partitions", type=int, default=2)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--max-in-flight", type=int, default=0, help="default: the source's")
+    parser.add_argument(
+        "--max-messages-per-trigger", type=int, default=0, help="default: the source's"
+    )
+    parser.add_argument("--columns", default="all", help="all, or a comma-separated list")
+    parser.add_argument(
+        "--num-partitions", type=int, default=0, help="Spark partitions (default: the source's)"
+    )
+    parser.add_argument("--warmup-batches", type=int, default=5)
+    parser.add_argument(
+        "--memory-batch-rows", type=int, default=50_000, help="rows per batch of the memory source"
+    )
+    parser.add_argument(
+        "--fs-checkpoint",
+        action="store_true",
+        help="spark.sql.streaming.checkpointFileManagerClass: the file-system-based manager",
+    )
+    parser.add_argument("--profile", action="store_true", help="mean durations of each batch")
+    parser.add_argument("--skip", default="", help="comma-separated: source, memory, sink")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
+    skip = set(args.skip.split(","))
+    source_rate = memory_rate = sink_rate = float("nan")
     with nsqd(args) as (address, portal, cluster):
         spark = spark_session(args)
         try:
-            source_rate = bench_source(args, spark, address, portal)
-            sink_rate = bench_sink(args, spark, address, portal, cluster)
+            if "memory" not in skip:
+                memory_rate = bench_memory(args, spark)
+            if "source" not in skip:
+                source_rate = bench_source(args, spark, address, portal)
+            if "sink" not in skip:
+                sink_rate = bench_sink(args, spark, address.split(",")[0], portal, cluster)
         finally:
             spark.stop()
+    print(f"spark_memory_source_rows_per_s={memory_rate:.1f}")
     print(f"spark_source_msgs_per_s={source_rate:.1f}")
     print(f"spark_sink_msgs_per_s={sink_rate:.1f}")
 

@@ -502,6 +502,23 @@ class _Inbox:
                 raise
         return self._items.popleft()
 
+    async def get_many(self, limit: int) -> list[AsyncMessage]:
+        """Wait for the next message, then take up to ``limit`` of those waiting (an empty
+        list once closed and empty)."""
+        first = await self.get()
+        if first is None:
+            return []
+        items = self._items
+        if len(items) < limit:
+            out = [first, *items]
+            items.clear()
+            return out
+        out = [first]
+        popleft = items.popleft
+        for _ in range(limit - 1):
+            out.append(popleft())
+        return out
+
 
 class AsyncMessage:
     """A delivered message with its answers.  Answer each message once: ``finish`` or
@@ -835,6 +852,37 @@ class AsyncConsumer(_Client):
         if message is None:
             raise StopAsyncIteration
         return message
+
+    async def get_many(self, max_messages: int) -> list[AsyncMessage]:
+        """Wait for a message, then take it and the others already delivered, up to
+        ``max_messages`` in all; an empty list once the consumer has stopped.
+
+        For applications that handle messages in batches (one database write for many):
+        each message is still answered on its own, and RDY bounds how many can wait."""
+        if max_messages < 1:
+            raise ConfigError("max_messages must be at least 1")
+        return await self._inbox.get_many(max_messages)
+
+    async def finish_many(self, messages: Iterable[AsyncMessage]) -> None:
+        """FIN every message of ``messages`` (as ``await message.finish()`` on each), with
+        one write per connection: for applications that answer a whole batch at once.
+
+        A message already answered, or given twice, or delivered by another consumer, is a
+        :class:`LocalProtocolError` raised before any FIN is sent."""
+        batch = list(messages)
+        marked: list[AsyncMessage] = []
+        try:
+            for message in batch:
+                if message._consumer is not self:
+                    raise LocalProtocolError(f"{message!r} was delivered by another consumer")
+                message._mark()
+                marked.append(message)
+        except LocalProtocolError:
+            for message in marked:
+                message._responded = False
+            raise
+        self._core.finish_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
+        self._driver.wake()
 
     async def run(self, handler: Handler, concurrency: int | None = None) -> None:
         """Handler style: returning FINishes, raising REQueues with backoff; at most

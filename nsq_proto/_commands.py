@@ -32,6 +32,7 @@ __all__ = [
     "encode_ext_header",
     "rdy",
     "fin",
+    "fin_many",
     "req",
     "touch",
     "cls",
@@ -243,6 +244,13 @@ def rdy(count: int) -> bytes:
 
 def fin(msg_id: bytes) -> bytes:
     return b"FIN " + _check_id(msg_id) + b"\n"
+
+
+def fin_many(msg_ids: Sequence[bytes]) -> bytes:
+    """``FIN`` of each id, one command after the other."""
+    for msg_id in msg_ids:
+        _check_id(msg_id)
+    return b"FIN " + b"\nFIN ".join(msg_ids) + b"\n" if msg_ids else b""
 
 
 def req(msg_id: bytes, delay_ms: int = 0) -> bytes:

@@ -15,7 +15,7 @@ Everything it wants done comes out of one ordered queue, :meth:`next_output`: :c
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from . import _commands as cmd
 from ._compress import Codec, make_codec
@@ -504,6 +504,11 @@ class Connection:
     def finish(self, msg_id: bytes) -> None:
         check_command(self.state, Command.ANSWER)
         self._send(cmd.fin(msg_id))
+
+    def finish_many(self, msg_ids: Sequence[bytes]) -> None:
+        """FIN each of ``msg_ids`` (one buffer append for all)."""
+        check_command(self.state, Command.ANSWER)
+        self._send(cmd.fin_many(msg_ids))
 
     def requeue(self, msg_id: bytes, delay: float = 0.0) -> None:
         """REQ with a delay in seconds (0: requeue at once)."""

@@ -266,8 +266,8 @@ class SourceOptions:
     topic: str
     channel: str
     connection: ConnectionOptions
-    max_in_flight: int = 1000
-    max_messages_per_trigger: int = 500
+    max_in_flight: int = 100_000
+    max_messages_per_trigger: int = 50_000
     num_partitions: int = 1
     msg_timeout: float = 60.0
     max_msg_timeout: float = 900.0
@@ -277,6 +277,8 @@ class SourceOptions:
     partitions: tuple[int, ...] | None = None
     reconnect_delay: float | None = None
     connect_timeout: float = 30.0
+    #: connections per nsqd when ``max_in_flight`` is above nsqd's ``--max-rdy-count``
+    max_connections_per_nsqd: int = 64
     #: partitioned NSQ: where a new query starts (not applied when it resumes from a
     #: checkpoint)
     start_from: StartFrom | Mapping[int, StartFrom] | None = None
@@ -323,6 +325,7 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "partitions",
         "reconnect_delay",
         "connect_timeout",
+        "max_connections_per_nsqd",
         "start_from",
     )
 }
@@ -356,7 +359,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     assert topic is not None
     channel = r.channel()
     connection = _connection(r, lookupd_alone_ok=True)
-    max_in_flight = r.integer("max_in_flight", 1000, minimum=1)
+    max_in_flight = r.integer("max_in_flight", 100_000, minimum=1)
     per_trigger = r.integer("max_messages_per_trigger", max(1, max_in_flight // 2), minimum=1)
     msg_timeout = r.seconds("msg_timeout", 60.0, minimum=1.0)
     assert msg_timeout is not None
@@ -392,6 +395,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         partitions=partitions,
         reconnect_delay=r.seconds("reconnect_delay", None, minimum=0.0),
         connect_timeout=connect_timeout,
+        max_connections_per_nsqd=r.integer("max_connections_per_nsqd", 64, minimum=1),
         start_from=_start_from(r.text("start_from")),
     )
     if parsed.start_from is not None and not connection.lookupd_http_addresses:

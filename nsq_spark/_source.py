@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
+import itertools
 import logging
 import signal
 import sys
@@ -37,6 +39,8 @@ from typing import Any, NoReturn
 
 import anyio
 import pyarrow as pa  # type: ignore[import-untyped]
+from anyio.abc import TaskGroup
+from anyio.lowlevel import checkpoint
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -96,81 +100,184 @@ def _message_id(raw: bytes) -> str:
 
 
 class NSQInputPartition(InputPartition):
-    """The rows of one Spark partition of a micro-batch, column by column."""
+    """The rows of one Spark partition of a micro-batch: one Arrow record batch, built on the
+    driver with the columns the query's schema names."""
 
-    def __init__(self, index: int, columns: dict[str, list[Any]]) -> None:
+    def __init__(self, index: int, batch: pa.RecordBatch) -> None:
         super().__init__(index)
-        self.columns = columns
+        self.batch = batch
 
     def __len__(self) -> int:
-        return len(self.columns["body"])
+        return int(self.batch.num_rows)
 
     def __repr__(self) -> str:
         return f"NSQInputPartition({self.value}, rows={len(self)})"
+
+
+def _column(name: str, messages: list[nsq_anyio.Message], topic: str) -> list[Any]:
+    if name == "body":
+        return [m.body for m in messages]
+    if name == "id":
+        return [_message_id(m.id) for m in messages]
+    if name == "attempts":
+        return [m.attempts for m in messages]
+    if name == "timestamp":  # nanoseconds to Spark's microseconds
+        return [m.timestamp // 1000 for m in messages]
+    if name == "topic":
+        return [topic] * len(messages)
+    if name == "nsqd":
+        return [m.nsqd_address for m in messages]
+    if name == "partition":
+        return [m.partition for m in messages]
+    if name == "trace_id":
+        return [m.trace_id for m in messages]
+    raise ValueError(f"the nsq source has no column {name!r}")
+
+
+def record_batch(
+    messages: list[nsq_anyio.Message], arrow_schema: pa.Schema, topic: str
+) -> pa.RecordBatch:
+    """The rows of ``messages`` as one Arrow record batch of ``arrow_schema``'s columns."""
+    arrays = [pa.array(_column(f.name, messages, topic), type=f.type) for f in arrow_schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 
 # ---------------------------------------------------------------------------------------------
 # what runs on the event loop
 
 
-@dataclass(eq=False, slots=True)
-class _Held:
-    message: nsq_anyio.Message
-    received_at: float
-    touched_at: float
-    #: handed to Spark by ``partitions()``
-    planned: bool = False
+#: (message, when it arrived on the loop's clock, the consumer that received it)
+_Held = tuple[nsq_anyio.Message, float, nsq_anyio.Consumer]
+
+#: messages taken from a consumer at once
+_RECEIVE_CHUNK = 4096
+#: FINs given between two checkpoints of the loop (others run meanwhile)
+_ANSWER_CHUNK = 2048
 
 
 @dataclass(eq=False)
 class _Feed:
-    """The consumer and the messages it holds; every method runs on the reader's loop."""
+    """The consumers and the messages they hold; every method runs on the reader's loop.
+
+    One consumer gives each nsqd one connection, and nsqd lets a connection hold at most its
+    ``--max-rdy-count`` (2,500 by default) unanswered messages; a source holds every message
+    until its batch is committed, so when ``max_in_flight`` is above what one connection per
+    nsqd may hold, the feed runs several consumers of the channel (up to
+    ``max_connections_per_nsqd``) and splits ``max_in_flight`` between them: the RDY of all
+    their connections never adds up to more than ``max_in_flight``.
+    """
 
     options: SourceOptions
     #: a new query (not one resuming from its checkpoint): start_from applies
     fresh: bool = False
     #: received, not yet numbered for a batch
     held: deque[_Held] = field(default_factory=deque)
-    #: numbered for a batch (seq -> message), not yet FINished
-    batched: dict[int, _Held] = field(default_factory=dict)
+    #: numbered for a batch, not yet answered: ``numbered[i]`` has the number ``base + i``
+    numbered: deque[_Held] = field(default_factory=deque)
+    base: int = 0
+    #: the ranges [start, end) handed to Spark by ``partitions()`` and not yet answered
+    planned: list[tuple[int, int]] = field(default_factory=list)
     #: received during an availableNow run but published after it began: never numbered
     later: list[_Held] = field(default_factory=list)
-    next_seq: int = 0
     available_now_cutoff_ns: int | None = None
     failure: BaseException | None = None
+    consumers: list[nsq_anyio.Consumer] = field(default_factory=list)
+    #: committed batches' messages on their way to FIN (sent in the background)
+    finishing: deque[_Held] = field(default_factory=deque)
+    finished: int = 0
     _arrived: anyio.Event | None = None
+    _finish_wanted: anyio.Event | None = None
     _scope: anyio.CancelScope | None = None
-    _consumer: nsq_anyio.Consumer | None = None
+    _task_group: TaskGroup | None = None
+    _running: int = 0
     _done: anyio.Event | None = None
     _warned_max_timeout: bool = False
     _warned_rdy_cap: bool = False
+
+    @property
+    def next_seq(self) -> int:
+        return self.base + len(self.numbered)
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         o = self.options
         self._done = anyio.Event()
         self._arrived = anyio.Event()
+        self._finish_wanted = anyio.Event()
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
-                async with nsq_anyio.Consumer(
-                    o.topic, o.channel, **o.consumer_kwargs(fresh=self.fresh)
-                ) as consumer:
-                    self._consumer = consumer
+                async with anyio.create_task_group() as tg:
+                    self._task_group = tg
+                    await tg.start(self._consume, o.max_in_flight, self.fresh)
                     task_status.started()
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._touch_loop)
-                        tg.start_soon(self._connect_deadline, consumer)
-                        async for message in consumer:  # ends once the consumer stopped
-                            self._receive(message)
-                        tg.cancel_scope.cancel()
+                    tg.start_soon(self._touch_loop)
+                    tg.start_soon(self._finish_loop)
+                    tg.start_soon(self._connect_deadline, self.consumers[0])
+                    if not o.ordered:
+                        tg.start_soon(self._grow)
         except Exception as exc:
             self.failure = exc
             log.exception("the nsq consumer of %s/%s failed", o.topic, o.channel)
             raise
         finally:
-            self._consumer = None
+            self.consumers = []
             self._done.set()
             self._arrived.set()
+
+    async def _consume(
+        self, max_in_flight: int, fresh: bool, *, task_status: Any = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        o = self.options
+        kwargs = o.consumer_kwargs(fresh=fresh)
+        kwargs["max_in_flight"] = max_in_flight
+        async with nsq_anyio.Consumer(o.topic, o.channel, **kwargs) as consumer:
+            self.consumers.append(consumer)
+            self._running += 1
+            task_status.started()
+            try:
+                while batch := await consumer.get_many(_RECEIVE_CHUNK):
+                    self._receive(batch, consumer)
+            finally:
+                self._running -= 1
+        # consumers end when the feed shuts down: with the last one, so does the feed
+        if not self._running and self._task_group is not None:
+            self._task_group.cancel_scope.cancel()
+
+    async def _grow(self) -> None:
+        """Open more connections per nsqd while ``max_in_flight`` is above what the
+        connections may hold (IDENTIFY tells each one's ``max_rdy_count``)."""
+        o = self.options
+        while len(self.consumers) < o.max_connections_per_nsqd:
+            await anyio.sleep(0.1)
+            caps = self._caps(self.consumers[0])
+            if not caps:
+                continue
+            capacity = sum(caps.values())  # of one consumer: one connection per nsqd
+            wanted = min(o.max_connections_per_nsqd, -(-o.max_in_flight // capacity))
+            if wanted <= len(self.consumers):
+                continue
+            # each consumer may hold ``capacity``: the first keeps what it holds already
+            shares = [capacity] * (wanted - 1) + [o.max_in_flight - capacity * (wanted - 1)]
+            for consumer, share in zip(self.consumers, shares, strict=False):
+                consumer.set_max_in_flight(share)
+            assert self._task_group is not None
+            for share in shares[len(self.consumers) :]:
+                await self._task_group.start(self._consume, share, False)
+            log.info(
+                "max_in_flight %d is above what one connection per nsqd may hold (%d): "
+                "%d connections per nsqd",
+                o.max_in_flight,
+                capacity,
+                wanted,
+            )
+
+    @staticmethod
+    def _caps(consumer: nsq_anyio.Consumer) -> dict[str, int]:
+        return {
+            c["address"]: c["max_rdy_count"]
+            for c in consumer.stats()["connections"]
+            if c["state"] == "SUBSCRIBED" and c["max_rdy_count"] is not None
+        }
 
     async def _connect_deadline(self, consumer: nsq_anyio.Consumer) -> None:
         """Fail the source when it has nothing to consume from ``connect_timeout`` seconds
@@ -212,27 +319,34 @@ class _Feed:
         assert self._scope is not None
         self._scope.cancel()
 
-    def _receive(self, message: nsq_anyio.Message) -> None:
+    def _receive(self, batch: list[nsq_anyio.Message], consumer: nsq_anyio.Consumer) -> None:
         now = anyio.current_time()
-        held = _Held(message, now, now)
         cutoff = self.available_now_cutoff_ns
-        if cutoff is not None and message.timestamp > cutoff:
-            self.later.append(held)
+        if cutoff is None:
+            self.held.extend([(message, now, consumer) for message in batch])
         else:
-            self.held.append(held)
+            for message in batch:
+                if message.timestamp > cutoff:
+                    self.later.append((message, now, consumer))
+                else:
+                    self.held.append((message, now, consumer))
         assert self._arrived is not None
         self._arrived.set()
 
     async def _touch_loop(self) -> None:
+        """TOUCH what is held long enough for nsqd to time it out: every ``touch_interval / 2``
+        seconds, each message held for at least that long (so at most ``touch_interval``
+        passes between two TOUCHes of one message, well below ``msg_timeout``)."""
         o = self.options
-        interval = o.touch_interval
+        step = o.touch_interval / 2
         while True:
-            await anyio.sleep(interval / 2)
+            await anyio.sleep(step)
             now = anyio.current_time()
-            for held in self._all_held():
-                if now - held.touched_at < interval:
+            touched = 0
+            for message, received_at, _ in self._all_held():
+                if now - received_at < step:
                     continue
-                if now - held.received_at + o.msg_timeout > o.max_msg_timeout:
+                if now - received_at + o.msg_timeout > o.max_msg_timeout:
                     # nsqd will not extend past max_msg_timeout: it times out and comes back
                     if not self._warned_max_timeout:
                         self._warned_max_timeout = True
@@ -242,30 +356,78 @@ class _Feed:
                             o.max_msg_timeout,
                         )
                     continue
-                held.touched_at = now
-                message = held.message
                 if not message.has_responded:
                     with contextlib.suppress(nsq_anyio.NSQError):
                         await message.touch()
+                    touched += 1
+                    if touched % _ANSWER_CHUNK == 0:
+                        await checkpoint()
 
     def _all_held(self) -> list[_Held]:
-        return [*self.batched.values(), *self.held, *self.later]
+        return [*self.numbered, *self.held, *self.later]
+
+    def _take_before(self, seq: int) -> tuple[list[_Held], list[_Held]]:
+        """Take every message numbered below ``seq``: (planned, never planned)."""
+        n = min(seq - self.base, len(self.numbered))
+        if n <= 0:
+            return [], []
+        first = self.base
+        popleft = self.numbered.popleft
+        taken = [popleft() for _ in range(n)]
+        self.base += n
+        flags = bytearray(n)
+        for a, b in self.planned:
+            lo, hi = max(a, first) - first, min(b, first + n) - first
+            if lo < hi:
+                flags[lo:hi] = b"\x01" * (hi - lo)
+        self.planned = [(a, b) for a, b in self.planned if b > self.base]
+        if all(flags):
+            return taken, []
+        planned = [m for m, f in zip(taken, flags, strict=True) if f]
+        unread = [m for m, f in zip(taken, flags, strict=True) if not f]
+        return planned, unread
 
     async def finish_before(self, seq: int) -> int:
-        """FIN every message numbered below ``seq``; returns how many."""
-        done = [s for s in self.batched if s < seq]
-        unread = 0
-        for s in done:
-            held = self.batched.pop(s)
-            # a message Spark never asked for is not processed: it goes back to nsqd
-            unread += not held.planned
-            await self._answer(held, finish=held.planned)
+        """FIN every message numbered below ``seq`` (in the background: the batch is
+        committed, nothing waits for the FINs); returns how many."""
+        planned, unread = self._take_before(seq)
         if unread:
-            log.warning("%d messages were committed but never read: requeued", unread)
-        return len(done)
+            # a message Spark never asked for is not processed: it goes back to nsqd
+            log.warning("%d messages were committed but never read: requeued", len(unread))
+            for message, _, _ in unread:
+                await self._answer(message, finish=False)
+        if planned:
+            self.finishing.extend(planned)
+            assert self._finish_wanted is not None
+            self._finish_wanted.set()
+        return len(planned) + len(unread)
 
-    async def _answer(self, held: _Held, *, finish: bool) -> None:
-        message = held.message
+    async def _finish_loop(self) -> None:
+        while True:
+            assert self._finish_wanted is not None
+            await self._finish_wanted.wait()
+            self._finish_wanted = anyio.Event()
+            await self._finish_pending(checkpoints=True)
+
+    async def _finish_pending(self, *, checkpoints: bool) -> None:
+        finishing = self.finishing
+        popleft = finishing.popleft
+        while finishing:
+            by_consumer: dict[nsq_anyio.Consumer, list[nsq_anyio.Message]] = {}
+            for _ in range(min(_ANSWER_CHUNK, len(finishing))):
+                message, _, consumer = popleft()
+                if not message.has_responded:
+                    by_consumer.setdefault(consumer, []).append(message)
+            for consumer, messages in by_consumer.items():
+                # a message can be gone from its connection (reconnected; timed out and
+                # delivered again): nsqd redelivers it, its FIN is moot
+                with contextlib.suppress(nsq_anyio.NSQError):
+                    await consumer.finish_many(messages)
+                self.finished += len(messages)
+            if checkpoints:
+                await checkpoint()
+
+    async def _answer(self, message: nsq_anyio.Message, *, finish: bool) -> None:
         if message.has_responded:
             return
         # a message can be gone from the connection (reconnected, timed out and delivered
@@ -277,52 +439,61 @@ class _Feed:
                 await message.requeue(delay=0.0, backoff=False)
 
     def _check_rdy_cap(self) -> None:
-        """Warn (once) when nsqd lets the source hold fewer messages than max_in_flight."""
-        consumer = self._consumer
+        """Warn (once) when nsqd lets the source hold fewer messages than max_in_flight even
+        with ``max_connections_per_nsqd`` connections per nsqd."""
         o = self.options
-        if self._warned_rdy_cap or consumer is None or o.ordered:
+        if self._warned_rdy_cap or not self.consumers or o.ordered:
             return
-        caps = {
-            c["address"]: c["max_rdy_count"]
-            for c in consumer.stats()["connections"]
-            if c["state"] == "SUBSCRIBED" and c["max_rdy_count"] is not None
-        }
+        if len(self.consumers) < o.max_connections_per_nsqd:
+            return  # more are on their way if needed
+        caps: dict[str, int] = {}
+        for consumer in self.consumers:
+            for address, cap in self._caps(consumer).items():
+                caps[address] = caps.get(address, 0) + cap
         if caps and sum(caps.values()) < o.max_in_flight:
             self._warned_rdy_cap = True
             log.warning(
                 "max_in_flight %d is above what nsqd allows: the source holds at most %d "
-                "messages (max_rdy_count per connection: %s; nsqd's --max-rdy-count)",
+                "messages (%d connections per nsqd: %s; nsqd's --max-rdy-count, the option "
+                "max_connections_per_nsqd)",
                 o.max_in_flight,
                 sum(caps.values()),
+                len(self.consumers),
                 ", ".join(f"{address} {cap}" for address, cap in sorted(caps.items())),
             )
 
     async def advance(self, start: int, limit: tuple[str, int]) -> int:
         """Finish what is before ``start`` and number held messages for the next batch."""
         self._check_rdy_cap()
-        self.next_seq = max(self.next_seq, start)
         await self.finish_before(start)
+        if self.next_seq < start:  # a reader that resumes a query: its numbers go on
+            self.base = start
         kind, amount = limit
         if self.available_now_cutoff_ns is not None:
             await self._wait_until_quiet(amount if kind == "rows" else None)
         planned = self.next_seq - start
-        if kind == "min_rows" and planned + len(self.held) < amount:
+        held = self.held
+        if kind == "min_rows" and planned + len(held) < amount:
             return self.next_seq
-        taken_bytes = sum(
-            len(self.batched[s].message.body)
-            for s in range(start, self.next_seq)
-            if s in self.batched
-        )
-        while self.held:
-            if kind == "rows" and planned >= amount:
-                break
-            size = len(self.held[0].message.body)
-            if kind == "bytes" and planned > 0 and taken_bytes + size > amount:
-                break
-            self.batched[self.next_seq] = self.held.popleft()
-            self.next_seq += 1
-            planned += 1
-            taken_bytes += size
+        if kind == "rows":
+            take = max(0, min(amount - planned, len(held)))
+        elif kind == "bytes":
+            taken_bytes = sum(len(m.body) for m, _, _ in self.numbered)
+            take = 0
+            for message, _, _ in held:
+                size = len(message.body)
+                if planned + take > 0 and taken_bytes + size > amount:
+                    break
+                take += 1  # noqa: SIM113 (stops early: not an index)
+                taken_bytes += size
+        else:
+            take = len(held)
+        if take == len(held):
+            self.numbered.extend(held)
+            held.clear()
+        else:
+            popleft = held.popleft
+            self.numbered.extend([popleft() for _ in range(take)])
         return self.next_seq
 
     async def _wait_until_quiet(self, rows: int | None) -> None:
@@ -338,12 +509,19 @@ class _Feed:
             if scope.cancelled_caught:
                 return
 
-    async def rows(self, start: int, end: int) -> list[_Held]:
-        self.next_seq = max(self.next_seq, end)
-        rows = [self.batched[s] for s in range(start, end) if s in self.batched]
-        for held in rows:
-            held.planned = True
-        return rows
+    async def rows(self, start: int, end: int) -> list[nsq_anyio.Message]:
+        if self.next_seq < end and not self.numbered:
+            # a batch of the query's log that this reader never numbered (a restart): NSQ
+            # cannot replay it, its messages come again from nsqd; numbering goes on after it
+            self.base = end
+            return []
+        lo, hi = max(start, self.base), min(end, self.next_seq)
+        if lo >= hi:
+            return []
+        self.planned.append((lo, hi))
+        offset = lo - self.base
+        # (a deque's middle is slow to index: slice it)
+        return [h[0] for h in itertools.islice(self.numbered, offset, offset + hi - lo)]
 
     async def latest(self) -> int:
         return self.next_seq + len(self.held)
@@ -353,42 +531,52 @@ class _Feed:
         # what was already received but published later waits for the next run
         keep: deque[_Held] = deque()
         for held in self.held:
-            if held.message.timestamp > self.available_now_cutoff_ns:
+            if held[0].timestamp > self.available_now_cutoff_ns:
                 self.later.append(held)
             else:
                 keep.append(held)
         self.held = keep
 
     async def shutdown(self) -> None:
-        """Requeue every message held and unanswered, then stop the consumer."""
-        consumer = self._consumer
-        if consumer is not None:
+        """FIN what was committed, requeue every other message held and unanswered, then
+        stop the consumers."""
+        consumers = list(self.consumers)
+        for consumer in consumers:
             consumer.set_max_in_flight(0)  # nothing more, not even what is requeued now
+        await self._finish_pending(checkpoints=False)
         pending = self._all_held()
-        self.batched.clear()
+        self.numbered.clear()
         self.held.clear()
         self.later.clear()
-        for held in pending:
-            await self._answer(held, finish=False)
-        if consumer is not None:
-            # a graceful stop: the answers go out before the connections close
-            try:
-                with anyio.move_on_after(10.0):
-                    await consumer.stop()
-            except nsq_anyio.NSQError:
-                log.warning("stopping the nsq consumer failed", exc_info=True)
+        for message, _, _ in pending:
+            await self._answer(message, finish=False)
+        # a graceful stop: the answers go out before the connections close
+        with anyio.move_on_after(10.0):
+            async with anyio.create_task_group() as tg:
+                for consumer in consumers:
+                    tg.start_soon(self._stop_consumer, consumer)
         if self._done is not None:
             with anyio.move_on_after(5.0):
                 await self._done.wait()
         if self._scope is not None:
             self._scope.cancel()
 
+    @staticmethod
+    async def _stop_consumer(consumer: nsq_anyio.Consumer) -> None:
+        try:
+            await consumer.stop()
+        except nsq_anyio.NSQError:
+            log.warning("stopping the nsq consumer failed", exc_info=True)
+
     async def stats(self) -> dict[str, int]:
         return {
             "held": len(self.held),
-            "batched": len(self.batched),
+            "batched": len(self.numbered),
             "later": len(self.later),
             "next_seq": self.next_seq,
+            "finishing": len(self.finishing),
+            "finished": self.finished,
+            "connections_per_nsqd": len(self.consumers),
         }
 
 
@@ -396,10 +584,26 @@ class _Feed:
 # what Spark calls
 
 
+#: the collector's first threshold in the process that runs the reader
+GC_THRESHOLD = 100_000
+
+
+def _tune_gc() -> None:
+    """The reader holds up to ``max_in_flight`` messages (a few objects each) for about one
+    batch, and receives as many every batch: with Python's default thresholds the cyclic
+    collector runs every 700 allocations and walks all of them, which cost about a third of
+    the reader's CPU.  The reader runs in a process of its own (Spark's source runner), so it
+    collects less often there, unless the thresholds were already raised."""
+    first, second, third = gc.get_threshold()
+    if 0 < first < GC_THRESHOLD:
+        gc.set_threshold(GC_THRESHOLD, max(second, 50), max(third, 100))
+
+
 class _Runtime:
     """The reader's live part: a loop thread and the feed on it (never pickled)."""
 
     def __init__(self, options: SourceOptions, *, fresh: bool = False) -> None:
+        _tune_gc()
         self.loop = LoopThread(f"nsq-spark-source-{options.topic}")
         self.feed = _Feed(options, fresh=fresh)
         self.closed = False
@@ -529,13 +733,12 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not held:
             return []
         topic = self.options.topic
-        groups: list[list[_Held]]
+        groups: list[list[nsq_anyio.Message]]
         if self.options.ordered:
             # one Spark partition per NSQ partition, in delivery order
-            by_partition: dict[tuple[str, int | None], list[_Held]] = {}
-            for h in held:
-                key = (h.message.nsqd_address, h.message.partition)
-                by_partition.setdefault(key, []).append(h)
+            by_partition: dict[tuple[str, int | None], list[nsq_anyio.Message]] = {}
+            for m in held:
+                by_partition.setdefault((m.nsqd_address, m.partition), []).append(m)
             groups = list(by_partition.values())
         else:
             n = min(self.options.num_partitions, len(held))
@@ -546,20 +749,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 step = size + (1 if i < extra else 0)
                 groups.append(held[at : at + step])
                 at += step
-        out: list[InputPartition] = []
-        for index, group in enumerate(groups):
-            columns: dict[str, list[Any]] = {
-                "body": [h.message.body for h in group],
-                "id": [_message_id(h.message.id) for h in group],
-                "attempts": [h.message.attempts for h in group],
-                "timestamp": [h.message.timestamp // 1000 for h in group],
-                "topic": [topic] * len(group),
-                "nsqd": [h.message.nsqd_address for h in group],
-                "partition": [h.message.partition for h in group],
-                "trace_id": [h.message.trace_id for h in group],
-            }
-            out.append(NSQInputPartition(index, columns))
-        return out
+        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        return [
+            NSQInputPartition(index, record_batch(group, arrow_schema, topic))
+            for index, group in enumerate(groups)
+        ]
 
     def commit(self, end: dict[str, Any]) -> None:
         runtime = self._feed()
@@ -576,9 +770,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, NSQInputPartition):
             raise TypeError(f"not a partition of the nsq source: {partition!r}")
-        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
-        arrays = [pa.array(partition.columns[f.name], type=f.type) for f in arrow_schema]
-        yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+        yield partition.batch
 
 
 class RefusingStreamReader(DataSourceStreamReader):

@@ -12,6 +12,7 @@ import pytest
 import trustme
 
 from nsq_anyio._server import serve_emulator
+from nsq_proto import ConfigError, LocalProtocolError
 from nsq_proto.testing import Authorization, AuthState, static_authorizer
 
 pytestmark = pytest.mark.anyio
@@ -308,3 +309,36 @@ async def test_an_answer_given_right_before_cancellation_is_not_lost(lib: Module
         stats = cluster.nsqds[0].channel_stats("t", "c")
         # one finished; the others requeued (or, if still on the wire, timed out after 1 s)
         assert stats.depth == 2
+
+
+async def test_get_many_and_finish_many(lib: ModuleType) -> None:
+    async with serve_emulator(lookupd=False) as cluster:
+        addresses = cluster.nsqd_tcp_addresses
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish_many("t", [b"%d" % i for i in range(30)])
+        async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses, max_in_flight=30) as c:
+            got: list[Any] = []
+            with anyio.fail_after(TIMEOUT):
+                while len(got) < 30:
+                    batch = await c.get_many(7)
+                    assert 1 <= len(batch) <= 7
+                    got.extend(batch)
+            assert sorted(m.body for m in got) == sorted(b"%d" % i for i in range(30))
+            with pytest.raises(ConfigError):
+                await c.get_many(0)
+            await got[0].finish()
+            # one message answered already: nothing is sent, nothing is marked
+            with pytest.raises(LocalProtocolError, match="already been answered"):
+                await c.finish_many(got)
+            assert not any(m.has_responded for m in got[1:])
+            async with lib.Consumer("t", "other", nsqd_tcp_addresses=addresses) as other:
+                with pytest.raises(LocalProtocolError, match="another consumer"):
+                    await other.finish_many(got[1:])
+            await c.finish_many(got[1:])
+            assert all(m.has_responded for m in got)
+            with anyio.fail_after(TIMEOUT):
+                while (s := cluster.nsqds[0].channel_stats("t", "c")).in_flight_count:
+                    await anyio.sleep(0.01)
+            assert (s.depth, s.message_count, s.requeue_count) == (0, 30, 0)
+        # a stopped consumer gives an empty list
+        assert await c.get_many(5) == []

@@ -402,3 +402,38 @@ def test_ordered_on_a_fixed_nsqd_list_needs_partitions() -> None:
     # with partitions, or through lookupd (which names them), it is fine
     Consumer("t", "c", ConsumerConfig(ordered=True, partitions=(0,)), nsqd_tcp_addresses=["n:4150"])
     Consumer("t", "c", ConsumerConfig(ordered=True), lookupd_http_addresses=["l:4161"])
+
+
+def test_finish_many_writes_each_connections_fins_together() -> None:
+    core, (a, b) = start(2, max_in_flight=10)
+    for i in range(3):
+        core.receive_data(a, message(mid(i), b"x"), 0.0)
+        core.receive_data(b, message(mid(10 + i), b"y"), 0.0)
+    core.outputs()
+    answers = [(a, mid(0), 1), (b, mid(10), 1), (a, mid(2), 1), (b, mid(12), 1)]
+    assert core.finish_many(answers, 1.0) == 4
+    out = core.outputs()
+    # one write each, the FINs in the order given
+    assert [o.conn_id for o in out if isinstance(o, Send)] == [a, b]
+    assert sends(out) == {
+        a: b"FIN " + mid(0) + b"\nFIN " + mid(2) + b"\n",
+        b: b"FIN " + mid(10) + b"\nFIN " + mid(12) + b"\n",
+    }
+    assert core.messages_finished == 4
+    assert [m.id for m in core.in_flight(a)] == [mid(1)]
+    assert [m.id for m in core.in_flight(b)] == [mid(11)]
+
+
+def test_finish_many_skips_lost_connections_and_reports_what_is_not_in_flight() -> None:
+    core, (a, b) = start(2, max_in_flight=10)
+    core.receive_data(a, message(mid(1), b"x"), 0.0)
+    core.receive_data(b, message(mid(2), b"y"), 0.0)
+    core.outputs()
+    core.connection_lost(b, 0.5)
+    core.outputs()
+    with pytest.raises(LocalProtocolError, match="not in flight"):
+        # mid(9) was never delivered: the others are finished all the same
+        core.finish_many([(a, mid(9), None), (b, mid(2), None), (a, mid(1), None)], 1.0)
+    assert sends(core.outputs()) == {a: b"FIN " + mid(1) + b"\n"}
+    assert core.messages_finished == 1
+    assert core.finish_many([], 1.0) == 0

@@ -8,6 +8,7 @@ import pickle
 import socket
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from nsq_spark import (
 )
 from nsq_spark._options import parse_sink_options, parse_source_options
 from nsq_spark._sink import _requests
-from nsq_spark._source import _message_id
+from nsq_spark._source import _message_id, record_batch
 
 from .helpers import Emulator, wait_for
 
@@ -338,34 +339,82 @@ def test_a_new_reader_continues_the_numbering_and_stop_requeues(
     assert set(rows.column("attempts").to_pylist()) == {2}  # redelivered: duplicates are visible
 
 
-def test_max_in_flight_above_nsqds_cap_is_a_warning(
-    emulator: Emulator, readers: list[NSQStreamReader], caplog: pytest.LogCaptureFixture
-) -> None:
-    def subscribed(reader: NSQStreamReader) -> bool:
-        runtime = reader._runtime
-        assert runtime is not None and runtime.feed._consumer is not None
-        return any(
-            c["state"] == "SUBSCRIBED" for c in runtime.feed._consumer.stats()["connections"]
-        )
+def connections(reader: NSQStreamReader) -> list[dict[str, Any]]:
+    """The subscribed connections of the reader's consumers."""
+    runtime = reader._runtime
+    assert runtime is not None
 
-    reader = make_reader(emulator, "units-cap", max_in_flight=3000)
+    async def collect() -> list[dict[str, Any]]:
+        return [
+            c
+            for consumer in runtime.feed.consumers
+            for c in consumer.stats()["connections"]
+            if c["state"] == "SUBSCRIBED"
+        ]
+
+    return runtime.loop.call(collect)
+
+
+def test_max_in_flight_above_nsqds_cap_opens_more_connections(
+    emulator: Emulator, readers: list[NSQStreamReader]
+) -> None:
+    # nsqd lets one connection hold 2,500 unanswered messages (--max-rdy-count); the source
+    # holds a whole batch until it is committed, so it needs more connections to hold more
+    topic = "units-pool"
+    emulator.publish(topic, [b"%d" % i for i in range(6500)])
+    reader = make_reader(emulator, topic, max_in_flight=6000)
     readers.append(reader)
     start = reader.initialOffset()
-    wait_for(lambda: subscribed(reader), 10, 0.05)
+    end = wait_for(
+        lambda: (e := reader.latestOffset(start, ReadAllAvailable()))["seq"] >= 6000 and e,
+        20,
+        0.05,
+    )
+    assert end == {"seq": 6000}  # all it may hold, and not one more
+    conns = connections(reader)
+    assert len(conns) == 3
+    assert all(c["address"] == emulator.address and c["rdy"] <= 2500 for c in conns)
+    assert sum(c["in_flight"] for c in conns) == 6000
+    assert sum(c["rdy"] for c in conns) <= 6000
+    assert emulator.channel_stats(topic, "c").in_flight_count == 6000
+    # the batch is committed: its FINs go out, and the rest comes in
+    parts = reader.partitions(start, end)
+    assert sum(len(p) for p in parts) == 6000  # type: ignore[arg-type]
+    end2 = wait_for(
+        lambda: (e := reader.latestOffset(end, ReadAllAvailable()))["seq"] == 6500 and e,
+        20,
+        0.05,
+    )
+    reader.partitions(end, end2)
+    reader.commit(end2)
+    stats = wait_for(
+        lambda: (s := emulator.channel_stats(topic, "c")).in_flight_count == 0 and s, 10, 0.05
+    )
+    assert (stats.depth, stats.requeue_count, stats.message_count) == (0, 0, 6500)
+
+
+def test_max_in_flight_above_what_the_connections_may_hold_is_a_warning(
+    emulator: Emulator, readers: list[NSQStreamReader], caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = make_reader(emulator, "units-cap", max_in_flight=3000, max_connections_per_nsqd=1)
+    readers.append(reader)
+    start = reader.initialOffset()
+    wait_for(lambda: connections(reader), 10, 0.05)
     with caplog.at_level(logging.WARNING, logger="nsq_spark"):
         reader.latestOffset(start, ReadMaxRows(10))
         reader.latestOffset(start, ReadMaxRows(10))
     warnings = [r.getMessage() for r in caplog.records if r.name == "nsq_spark"]
     assert warnings == [
         "max_in_flight 3000 is above what nsqd allows: the source holds at most 2500 messages"
-        f" (max_rdy_count per connection: {emulator.address} 2500; nsqd's --max-rdy-count)"
+        f" (1 connections per nsqd: {emulator.address} 2500; nsqd's --max-rdy-count, the"
+        " option max_connections_per_nsqd)"
     ]
     # below the cap: nothing to say
     caplog.clear()
-    quiet = make_reader(emulator, "units-cap", max_in_flight=2500)
+    quiet = make_reader(emulator, "units-cap", max_in_flight=2500, max_connections_per_nsqd=1)
     readers.append(quiet)
     start = quiet.initialOffset()
-    wait_for(lambda: subscribed(quiet), 10, 0.05)
+    wait_for(lambda: connections(quiet), 10, 0.05)
     with caplog.at_level(logging.WARNING, logger="nsq_spark"):
         quiet.latestOffset(start, ReadMaxRows(10))
     assert not [r for r in caplog.records if r.name == "nsq_spark"]
@@ -408,9 +457,11 @@ def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
         {"topic": "t", "channel": "c", "nsqd_tcp_addresses": emulator.address}
     )
     reader = NSQStreamReader(options, schema, handle_sigterm=False)
-    part = NSQInputPartition(0, {"id": ["a"], "body": [b"text"]})
-    (batch,) = list(reader.read(part))
-    assert batch.to_pylist() == [{"id": "a", "body": "text"}]
+    message = SimpleNamespace(id=b"0123456789abcdef", body=b"text")
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    part = NSQInputPartition(0, record_batch([message], arrow_schema, "t"))  # type: ignore[list-item]
+    (batch,) = list(reader.read(pickle.loads(pickle.dumps(part))))
+    assert batch.to_pylist() == [{"id": "0123456789abcdef", "body": "text"}]
     with pytest.raises(ValueError, match="no column"):
         NSQStreamReader(options, StructType([StructField("nope", StringType())]))
 
