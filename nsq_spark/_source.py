@@ -247,8 +247,10 @@ class _Feed:
         """Open more connections per nsqd while ``max_in_flight`` is above what the
         connections may hold (IDENTIFY tells each one's ``max_rdy_count``)."""
         o = self.options
+        caps: dict[str, int] = {}
         while len(self.consumers) < o.max_connections_per_nsqd:
-            await anyio.sleep(0.1)
+            # quick until the first IDENTIFY answers; then as lookupd may change the nsqds
+            await anyio.sleep(1.0 if caps else 0.1)
             caps = self._caps(self.consumers[0])
             if not caps:
                 continue

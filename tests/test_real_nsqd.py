@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -250,3 +251,54 @@ async def test_tls_snappy_and_auth(
     ) as producer:
         with pytest.raises(lib.NSQError):
             await producer.publish(topic, b"x")
+
+
+def test_spark_source_holds_max_in_flight_over_several_connections(servers: Servers) -> None:
+    # nsqd's default --max-rdy-count (2500) per connection: the source opens more connections
+    # to hold a batch of 6000, and everything is finished once committed
+    pytest.importorskip("pyspark")
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from nsq_anyio.blocking import Producer
+    from nsq_spark import SCHEMA, NSQStreamReader
+    from nsq_spark._options import parse_source_options
+
+    topic = "spark_pool"
+    with Producer(nsqd_tcp_addresses=[servers.nsqd_tcp]) as producer:
+        for i in range(0, 6500, 500):
+            producer.publish_many(topic, [b"%d" % n for n in range(i, i + 500)])
+    options = {
+        "topic": topic,
+        "channel": "c",
+        "nsqd_tcp_addresses": servers.nsqd_tcp,
+        "max_in_flight": "6000",
+    }
+    reader = NSQStreamReader(parse_source_options(options), SCHEMA, handle_sigterm=False)
+    try:
+        start = reader.initialOffset()
+        end = start
+        deadline = time.monotonic() + 20
+        while end["seq"] < 6000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            end = reader.latestOffset(start, ReadAllAvailable())
+        assert end == {"seq": 6000}  # all it may hold, and not one more
+        channel = servers.stats(topic)["topics"][0]["channels"][0]
+        assert (channel["in_flight_count"], len(channel["clients"])) == (6000, 3)
+        assert all(c["ready_count"] <= 2500 for c in channel["clients"])
+        rows = sum(len(p) for p in reader.partitions(start, end))  # type: ignore[arg-type]
+        end2 = end
+        while end2["seq"] < 6500 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            end2 = reader.latestOffset(end, ReadAllAvailable())
+        rows += sum(len(p) for p in reader.partitions(end, end2))  # type: ignore[arg-type]
+        reader.commit(end2)
+        while time.monotonic() < deadline:
+            channel = servers.stats(topic)["topics"][0]["channels"][0]
+            if channel["in_flight_count"] == 0:
+                break
+            time.sleep(0.05)
+    finally:
+        reader.stop()
+    assert rows == 6500
+    assert (channel["depth"], channel["in_flight_count"], channel["requeue_count"]) == (0, 0, 0)
+    assert channel["message_count"] == 6500

@@ -59,6 +59,9 @@ def test_spec_examples() -> None:
     )
     assert cmd.dpub("t", 1000, b"deferred") == b"DPUB t 1000\n\x00\x00\x00\x08deferred"
     assert cmd.fin(b"18a3a3bb6c669000") == b"FIN 18a3a3bb6c669000\n"
+    ids = [b"18a3a3bb6c669000", b"18a3a3bb6c669001"]
+    assert cmd.fin_many(ids) == b"".join(cmd.fin(i) for i in ids)
+    assert cmd.fin_many([]) == b""
     assert cmd.auth(b"good-secret") == b"AUTH\n\x00\x00\x00\x0bgood-secret"
 
 
@@ -115,6 +118,7 @@ def test_valid_edge_names() -> None:
         lambda: cmd.rdy(-1),
         lambda: cmd.rdy(True),
         lambda: cmd.fin(b"short"),
+        lambda: cmd.fin_many([b"0" * 16, b"short"]),
         lambda: cmd.req(b"0" * 16, -5),
         lambda: cmd.touch(b"0" * 17),
         lambda: cmd.sub("t", "c", -1),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import pickle
 import socket
@@ -640,3 +641,25 @@ def test_an_nsqd_restart_while_a_batch_runs_loses_nothing() -> None:
     assert all(max(a) > 1 for a in copies.values() if len(a) > 1)
     assert any(max(a) > 1 for a in copies.values())  # the restart did redeliver
     assert stats.in_flight_count == 0  # nothing stuck in flight
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ((700, 10, 10), (100_000, 50, 100)),
+        ((200_000, 5, 5), (200_000, 5, 5)),
+        ((0, 10, 10), (0, 10, 10)),
+    ],
+)
+def test_the_reader_collects_less_often_unless_told_otherwise(
+    emulator: Emulator, before: tuple[int, int, int], after: tuple[int, int, int]
+) -> None:
+    saved = gc.get_threshold()
+    gc.set_threshold(*before)
+    reader = make_reader(emulator, "units-gc")
+    try:
+        reader.initialOffset()  # the reader's runtime starts here
+        assert gc.get_threshold() == after
+    finally:
+        reader.stop()
+        gc.set_threshold(*saved)
