@@ -884,6 +884,21 @@ class AsyncConsumer(_Client):
         self._core.finish_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
         self._driver.wake()
 
+    async def touch_many(self, messages: Iterable[AsyncMessage]) -> None:
+        """TOUCH every message of ``messages`` (as ``await message.touch()`` on each), with
+        one write per connection: for applications that hold many messages at once.
+
+        A message already answered, or delivered by another consumer, is a
+        :class:`LocalProtocolError` raised before any TOUCH is sent."""
+        batch = list(messages)
+        for message in batch:
+            if message._consumer is not self:
+                raise LocalProtocolError(f"{message!r} was delivered by another consumer")
+            if message._responded:
+                raise LocalProtocolError(f"{message!r} has already been answered")
+        self._core.touch_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
+        self._driver.wake()
+
     async def run(self, handler: Handler, concurrency: int | None = None) -> None:
         """Handler style: returning FINishes, raising REQueues with backoff; at most
         ``concurrency`` handlers run at once (default: max_in_flight).  Returns when the

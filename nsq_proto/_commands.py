@@ -35,6 +35,7 @@ __all__ = [
     "fin_many",
     "req",
     "touch",
+    "touch_many",
     "cls",
     "nop",
     "NOP",
@@ -261,6 +262,13 @@ def req(msg_id: bytes, delay_ms: int = 0) -> bytes:
 
 def touch(msg_id: bytes) -> bytes:
     return b"TOUCH " + _check_id(msg_id) + b"\n"
+
+
+def touch_many(msg_ids: Sequence[bytes]) -> bytes:
+    """``TOUCH`` of each id, one command after the other."""
+    for msg_id in msg_ids:
+        _check_id(msg_id)
+    return b"TOUCH " + b"\nTOUCH ".join(msg_ids) + b"\n" if msg_ids else b""
 
 
 def cls() -> bytes:

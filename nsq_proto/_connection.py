@@ -519,6 +519,11 @@ class Connection:
         check_command(self.state, Command.ANSWER)
         self._send(cmd.touch(msg_id))
 
+    def touch_many(self, msg_ids: Sequence[bytes]) -> None:
+        """TOUCH each of ``msg_ids`` (one buffer append for all)."""
+        check_command(self.state, Command.ANSWER)
+        self._send(cmd.touch_many(msg_ids))
+
     def nop(self) -> None:
         check_command(self.state, Command.NOP)
         self._send(cmd.NOP)

@@ -987,6 +987,39 @@ class Consumer(MultiConnectionCore[_Conn]):
             rec.conn.touch(msg_id)
         return True
 
+    def touch_many(self, messages: Iterable[tuple[ConnId, bytes, int | None]], now: float) -> int:
+        """TOUCH each ``(conn_id, msg_id, attempts)``, as :meth:`touch` would, with one write
+        per connection.  Returns how many TOUCHes were sent: messages of a connection that is
+        gone, and older copies, are skipped.  A message that is not in flight raises
+        :class:`LocalProtocolError`, after the others were touched."""
+        self._now = now
+        conns = self._conns
+        bulk: dict[ConnId, tuple[_Conn, list[bytes]]] = {}
+        error: LocalProtocolError | None = None
+        sent = 0
+        for conn_id, msg_id, attempts in messages:
+            rec = conns.get(conn_id)
+            if rec is None:
+                continue
+            message = rec.in_flight.get(msg_id)
+            if message is None:
+                error = error or LocalProtocolError(
+                    f"message {msg_id!r} is not in flight on connection {conn_id}"
+                )
+                continue
+            if attempts is not None and attempts < message.attempts:
+                continue  # an older copy: the newer delivery is the application's
+            entry = bulk.get(conn_id)
+            if entry is None:
+                entry = bulk[conn_id] = (rec, [])
+            entry[1].append(msg_id)
+            sent += 1
+        for rec, ids in bulk.values():
+            rec.conn.touch_many(ids)
+        if error is not None:
+            raise error
+        return sent
+
     def _after_answer(self, rec: _Conn, now: float) -> None:
         if self._stopping:
             if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:

@@ -185,6 +185,8 @@ class _Feed:
     #: committed batches' messages on their way to FIN (sent in the background)
     finishing: deque[_Held] = field(default_factory=deque)
     finished: int = 0
+    #: TOUCHes sent for held messages
+    touched: int = 0
     _arrived: anyio.Event | None = None
     _finish_wanted: anyio.Event | None = None
     _scope: anyio.CancelScope | None = None
@@ -338,14 +340,15 @@ class _Feed:
     async def _touch_loop(self) -> None:
         """TOUCH what is held long enough for nsqd to time it out: every ``touch_interval / 2``
         seconds, each message held for at least that long (so at most ``touch_interval``
-        passes between two TOUCHes of one message, well below ``msg_timeout``)."""
+        passes between two TOUCHes of one message, well below ``msg_timeout``), in bulk: one
+        write per connection and chunk."""
         o = self.options
         step = o.touch_interval / 2
         while True:
             await anyio.sleep(step)
             now = anyio.current_time()
-            touched = 0
-            for message, received_at, _ in self._all_held():
+            due: dict[nsq_anyio.Consumer, list[nsq_anyio.Message]] = {}
+            for message, received_at, consumer in self._all_held():
                 if now - received_at < step:
                     continue
                 if now - received_at + o.msg_timeout > o.max_msg_timeout:
@@ -359,11 +362,17 @@ class _Feed:
                         )
                     continue
                 if not message.has_responded:
+                    due.setdefault(consumer, []).append(message)
+            for consumer, messages in due.items():
+                for at in range(0, len(messages), _ANSWER_CHUNK):
+                    # answered meanwhile (a FIN of a committed batch): not touched
+                    chunk = [m for m in messages[at : at + _ANSWER_CHUNK] if not m.has_responded]
+                    # a message can be gone from its connection (reconnected; timed out and
+                    # delivered again): its TOUCH is moot
                     with contextlib.suppress(nsq_anyio.NSQError):
-                        await message.touch()
-                    touched += 1
-                    if touched % _ANSWER_CHUNK == 0:
-                        await checkpoint()
+                        await consumer.touch_many(chunk)
+                    self.touched += len(chunk)
+                    await checkpoint()
 
     def _all_held(self) -> list[_Held]:
         return [*self.numbered, *self.held, *self.later]
@@ -578,6 +587,7 @@ class _Feed:
             "next_seq": self.next_seq,
             "finishing": len(self.finishing),
             "finished": self.finished,
+            "touched": self.touched,
             "connections_per_nsqd": len(self.consumers),
         }
 

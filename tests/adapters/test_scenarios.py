@@ -311,6 +311,36 @@ async def test_an_answer_given_right_before_cancellation_is_not_lost(lib: Module
         assert stats.depth == 2
 
 
+async def test_touch_many_keeps_held_messages_past_msg_timeout(lib: ModuleType) -> None:
+    async with serve_emulator(lookupd=False) as cluster:
+        addresses = cluster.nsqd_tcp_addresses
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish_many("t", [b"%d" % i for i in range(20)])
+        async with lib.Consumer(
+            "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=20, msg_timeout=1.0
+        ) as c:
+            got: list[Any] = []
+            with anyio.fail_after(TIMEOUT):
+                while len(got) < 20:
+                    got.extend(await c.get_many(20))
+            for _ in range(5):  # 2.5 s held, over twice msg_timeout
+                await anyio.sleep(0.5)
+                await c.touch_many(got)
+            stats = cluster.nsqds[0].channel_stats("t", "c")
+            assert (stats.in_flight_count, stats.timeout_count) == (20, 0)
+            await got[0].finish()
+            with pytest.raises(LocalProtocolError, match="already been answered"):
+                await c.touch_many(got)
+            async with lib.Consumer("t", "other", nsqd_tcp_addresses=addresses) as other:
+                with pytest.raises(LocalProtocolError, match="another consumer"):
+                    await other.touch_many(got[1:])
+            await c.finish_many(got[1:])
+            with anyio.fail_after(TIMEOUT):
+                while (s := cluster.nsqds[0].channel_stats("t", "c")).in_flight_count:
+                    await anyio.sleep(0.01)
+            assert (s.depth, s.timeout_count, s.requeue_count) == (0, 0, 0)
+
+
 async def test_get_many_and_finish_many(lib: ModuleType) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         addresses = cluster.nsqd_tcp_addresses

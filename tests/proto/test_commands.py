@@ -62,6 +62,8 @@ def test_spec_examples() -> None:
     ids = [b"18a3a3bb6c669000", b"18a3a3bb6c669001"]
     assert cmd.fin_many(ids) == b"".join(cmd.fin(i) for i in ids)
     assert cmd.fin_many([]) == b""
+    assert cmd.touch_many(ids) == b"".join(cmd.touch(i) for i in ids)
+    assert cmd.touch_many([]) == b""
     assert cmd.auth(b"good-secret") == b"AUTH\n\x00\x00\x00\x0bgood-secret"
 
 
@@ -121,6 +123,7 @@ def test_valid_edge_names() -> None:
         lambda: cmd.fin_many([b"0" * 16, b"short"]),
         lambda: cmd.req(b"0" * 16, -5),
         lambda: cmd.touch(b"0" * 17),
+        lambda: cmd.touch_many([b"0" * 16, b"0" * 15]),
         lambda: cmd.sub("t", "c", -1),
         lambda: cmd.pub_trace("t", -1, b"x"),
         lambda: cmd.pub_trace("t", 2**64, b"x"),

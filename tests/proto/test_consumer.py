@@ -424,6 +424,42 @@ def test_finish_many_writes_each_connections_fins_together() -> None:
     assert [m.id for m in core.in_flight(b)] == [mid(11)]
 
 
+def test_touch_many_writes_each_connections_touches_together() -> None:
+    core, (a, b) = start(2, max_in_flight=10)
+    for i in range(3):
+        core.receive_data(a, message(mid(i), b"x"), 0.0)
+        core.receive_data(b, message(mid(10 + i), b"y"), 0.0)
+    # mid(2) came again (nsqd timed out the first delivery): only the newer copy is touched
+    core.receive_data(a, message(mid(2), b"x", attempts=2), 0.5)
+    core.outputs()
+    answers = [(a, mid(0), 1), (b, mid(10), 1), (a, mid(1), None), (b, mid(12), 1)]
+    assert core.touch_many([*answers, (a, mid(2), 1)], 1.0) == 4
+    out = core.outputs()
+    # one write each, the TOUCHes in the order given; the messages stay in flight
+    assert [o.conn_id for o in out if isinstance(o, Send)] == [a, b]
+    assert sends(out) == {
+        a: b"TOUCH " + mid(0) + b"\nTOUCH " + mid(1) + b"\n",
+        b: b"TOUCH " + mid(10) + b"\nTOUCH " + mid(12) + b"\n",
+    }
+    assert len(core.in_flight(a)) == 3 and len(core.in_flight(b)) == 3
+    assert core.touch_many([(a, mid(2), 2)], 1.5) == 1
+    assert sends(core.outputs()) == {a: b"TOUCH " + mid(2) + b"\n"}
+
+
+def test_touch_many_skips_lost_connections_and_reports_what_is_not_in_flight() -> None:
+    core, (a, b) = start(2, max_in_flight=10)
+    core.receive_data(a, message(mid(1), b"x"), 0.0)
+    core.receive_data(b, message(mid(2), b"y"), 0.0)
+    core.outputs()
+    core.connection_lost(b, 0.5)
+    core.outputs()
+    with pytest.raises(LocalProtocolError, match="not in flight"):
+        core.touch_many([(a, mid(9), None), (b, mid(2), None), (a, mid(1), None)], 1.0)
+    assert sends(core.outputs()) == {a: b"TOUCH " + mid(1) + b"\n"}
+    assert core.touch_many([], 1.0) == 0
+    assert sends(core.outputs()) == {}
+
+
 def test_finish_many_skips_lost_connections_and_reports_what_is_not_in_flight() -> None:
     core, (a, b) = start(2, max_in_flight=10)
     core.receive_data(a, message(mid(1), b"x"), 0.0)

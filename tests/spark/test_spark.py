@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import socket
 import threading
 import time
@@ -583,3 +584,83 @@ def test_a_narrower_schema_selects_columns(spark: Any, emulator: Emulator, tmp_p
         query.stop()
     assert sorted((r.body, r.attempts) for r in got) == [("one", 1), ("two", 1)]
     assert got[0].__fields__ == ["body", "attempts"]
+
+
+def _python_cpu_seconds_below(pid: int) -> float:
+    """CPU seconds used so far by the Python processes started below ``pid`` (Spark's workers
+    and the source's runner; not the JVM)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                exe = os.readlink(entry / "exe")
+            except OSError:
+                continue
+            stats[int(entry.name)] = [*fields, exe]
+            children[int(fields[1])].append(int(entry.name))
+    total, todo = 0.0, list(children[pid])
+    while todo:
+        p = todo.pop()
+        todo.extend(children[p])
+        fields = stats[p]
+        if "python" in Path(fields[-1]).name:
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return total
+
+
+def test_an_idle_topic_makes_no_batch_and_a_new_message_comes_within_a_trigger(
+    spark: Any, emulator: Emulator, tmp_path: Path
+) -> None:
+    topic, trigger = "freshness", 1.0
+    emulator.publish(topic, [b"first"])
+    arrived: dict[bytes, float] = {}
+    batch_ids: list[int] = []
+
+    def on_batch(batch: Any, batch_id: int) -> None:
+        now = time.monotonic()
+        batch_ids.append(batch_id)
+        for row in batch.select("body").collect():
+            arrived.setdefault(row.body, now)
+
+    df = source(spark, emulator, topic)  # the defaults: batches of up to 50,000
+    query = (
+        df.writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime=f"{trigger} seconds")
+        .start()
+    )
+    try:
+        wait_for(lambda: b"first" in arrived)
+        time.sleep(2 * trigger)  # the batch after "first" ran; the reader is settled
+        # idle: no batch, and (almost) no CPU in the source's process
+        batches, cpu = len(batch_ids), _python_cpu_seconds_below(os.getpid())
+        idle = 5.0
+        time.sleep(idle)
+        idle_batches = len(batch_ids) - batches
+        idle_cpu = _python_cpu_seconds_below(os.getpid()) - cpu
+        # a message published now waits at most about one trigger interval plus one batch
+        waits = []
+        for i in range(4):
+            body = f"late{i}".encode()
+            published = time.monotonic()
+            emulator.publish(topic, [body])
+            wait_for(lambda b=body: b in arrived, timeout=20, interval=0.02)  # type: ignore[misc]
+            waits.append(arrived[body] - published)
+            time.sleep(0.37 * (i + 1))  # at a different point of the trigger each time
+        durations = [
+            p["durationMs"]["triggerExecution"] / 1000
+            for p in query.recentProgress
+            if p["numInputRows"]
+        ]
+    finally:
+        query.stop()
+    print(
+        f"idle {idle} s: {idle_batches} batches, {idle_cpu:.3f} CPU s in Python; "
+        f"waits {[round(w, 3) for w in waits]}, batches took {durations}"
+    )
+    assert idle_batches == 0
+    assert idle_cpu < 0.05 * idle
+    assert max(waits) < trigger + max(durations) + 0.5

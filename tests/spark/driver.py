@@ -1,0 +1,50 @@
+"""A Spark driver as a user runs one: ``python -m tests.spark.driver OUT CHECKPOINT k=v...``
+streams ``format("nsq")`` (the ``k=v`` options) into parquet files at OUT until it is stopped
+or killed.  The driver tests run it in a process of its own to kill it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> None:
+    out, checkpoint, *pairs = argv
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    from pyspark.sql import SparkSession
+
+    from nsq_spark import NSQDataSource
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("nsq_spark driver")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(NSQDataSource)
+    reader = spark.readStream.format("nsq")
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        reader = reader.option(name, value)
+    query = (
+        reader.load()
+        .writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    print("started", flush=True)
+    query.awaitTermination()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

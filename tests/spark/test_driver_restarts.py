@@ -1,0 +1,282 @@
+"""A Spark driver killed (``kill -9``) or terminated (SIGTERM) in the middle of a stream, then
+started again from its checkpoint: nothing is lost, and a message written twice is one that nsqd
+delivered again (same id, more attempts).  Against the emulator always, and against a real nsqd
+when ``NSQD`` points at one.
+
+The driver is ``tests/spark/driver.py`` in a process of its own, as a user runs it; the tests
+read what it wrote through Spark's file-sink log, so only committed batches count."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from tests.faults._servers import free_port, wait_http
+
+from .helpers import Emulator, wait_for
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
+CHANNEL = "spark"
+
+
+@dataclass
+class Counts:
+    depth: int
+    in_flight: int
+    timeouts: int
+
+
+class Target(Protocol):
+    address: str
+
+    def publish(self, topic: str, bodies: list[bytes]) -> None: ...
+
+    def counts(self, topic: str) -> Counts | None: ...
+
+
+class EmulatedNSQD:
+    def __init__(self, emulator: Emulator) -> None:
+        self.emulator = emulator
+        self.address = emulator.address
+
+    def publish(self, topic: str, bodies: list[bytes]) -> None:
+        self.emulator.publish(topic, bodies)
+
+    def counts(self, topic: str) -> Counts | None:
+        try:
+            s = self.emulator.channel_stats(topic, CHANNEL)
+        except KeyError:
+            return None
+        return Counts(s.depth, s.in_flight_count, s.timeout_count)
+
+
+class RealNSQD:
+    def __init__(self, tcp: str, http: str) -> None:
+        self.address = tcp
+        self.http = http
+
+    def publish(self, topic: str, bodies: list[bytes]) -> None:
+        for i in range(0, len(bodies), 500):
+            request = urllib.request.Request(
+                f"http://{self.http}/mpub?topic={topic}",
+                data=b"\n".join(bodies[i : i + 500]),
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+
+    def counts(self, topic: str) -> Counts | None:
+        url = f"http://{self.http}/stats?format=json&topic={topic}&channel={CHANNEL}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            data: dict[str, Any] = json.load(response)
+        for t in data["topics"]:
+            for c in t["channels"]:
+                if c["channel_name"] == CHANNEL:
+                    return Counts(
+                        c["depth"] + c["deferred_count"], c["in_flight_count"], c["timeout_count"]
+                    )
+        return None
+
+
+@pytest.fixture(scope="module")
+def real_nsqd() -> Iterator[RealNSQD]:
+    if not NSQD:
+        pytest.skip("no real nsqd: set NSQD to the binary to run the driver tests against it")
+    tcp, http = free_port(), free_port()
+    data = tempfile.mkdtemp(prefix="nsqd-spark-")
+    proc = subprocess.Popen(
+        [
+            NSQD,
+            f"--tcp-address=127.0.0.1:{tcp}",
+            f"--http-address=127.0.0.1:{http}",
+            f"--data-path={data}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{http}/ping")
+        yield RealNSQD(f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(params=["emulator", "real-nsqd"])
+def target(request: pytest.FixtureRequest, emulator: Emulator) -> Target:
+    if request.param == "emulator":
+        return EmulatedNSQD(emulator)
+    real: RealNSQD = request.getfixturevalue("real_nsqd")
+    return real
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every live process below it (Linux /proc)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            children[int(fields[1])].append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+class Driver:
+    """One run of ``tests/spark/driver.py``: the user's Spark application."""
+
+    def __init__(self, target: Target, topic: str, out: Path, checkpoint: Path) -> None:
+        options = {
+            "nsqd_tcp_addresses": target.address,
+            "topic": topic,
+            "channel": CHANNEL,
+            "max_in_flight": 400,
+            "maxMessagesPerTrigger": 100,
+            # what a killed driver held comes back after msg_timeout
+            "msg_timeout": 2,
+        }
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.spark.driver",
+                str(out),
+                str(checkpoint),
+                *(f"{k}={v}" for k, v in options.items()),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def end(self, how: signal.Signals) -> float:
+        """Send ``how`` to the driver; seconds until it and every process it started are gone."""
+        family = _descendants(self.proc.pid)
+        started = time.monotonic()
+        self.proc.send_signal(how)
+        self.proc.wait(timeout=60)
+        try:
+            wait_for(lambda: not _alive(family), timeout=60, interval=0.1)
+        finally:
+            for pid in _alive(family):  # the test failed: leave nothing behind
+                os.kill(pid, signal.SIGKILL)
+        return time.monotonic() - started
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.end(signal.SIGKILL)
+
+
+def committed_rows(out: Path) -> list[dict[str, Any]]:
+    """The rows of every batch in Spark's file-sink log (what a reader of OUT sees)."""
+    import pyarrow.parquet as pq
+
+    log = out / "_spark_metadata"
+    if not log.exists():
+        return []
+    files: list[str] = []
+    for entry in sorted(log.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        lines = entry.read_text().splitlines()[1:]  # "v1", then one JSON object per file
+        files.extend(json.loads(line)["path"] for line in lines if line.strip())
+    rows: list[dict[str, Any]] = []
+    for path in dict.fromkeys(files):  # a compacted log lists files again
+        table = pq.read_table(path.removeprefix("file:"), columns=["id", "body", "attempts"])
+        rows.extend(table.to_pylist())
+    return rows
+
+
+def test_killed_and_terminated_drivers_lose_nothing(target: Target, tmp_path: Path) -> None:
+    topic, n = f"driver-restarts-{time.monotonic_ns()}", 3000
+    sent = [f"m{i:05d}".encode() for i in range(n)]
+    target.publish(topic, sent)
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+
+    def finished() -> int:
+        c = target.counts(topic)
+        return 0 if c is None else n - c.depth - c.in_flight
+
+    ends: list[tuple[str, int, int, float]] = []
+    for i, how in enumerate((signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGTERM)):
+        before = finished()
+        driver = Driver(target, topic, out, checkpoint)
+        try:
+            # ended in the middle of the stream: a few batches in, messages held, at a
+            # different point of a batch each time
+            wait_for(lambda b=before: finished() >= b + 300, timeout=120, interval=0.05)  # type: ignore[misc]
+            time.sleep(0.07 * i)
+            counts = target.counts(topic)
+            held = 0 if counts is None else counts.in_flight
+            seconds = driver.end(how)
+        finally:
+            driver.kill()
+        ends.append((how.name, finished(), held, seconds))
+        assert finished() < n, "the stream should have been ended in the middle"
+
+    driver = Driver(target, topic, out, checkpoint)
+    try:
+        wait_for(lambda: finished() == n, timeout=120)
+        rows = wait_for(
+            lambda: (r := committed_rows(out)) and {x["body"] for x in r} == set(sent) and r,
+            timeout=60,
+        )
+    finally:
+        driver.kill()
+    counts = collections.Counter(r["body"] for r in rows)
+    duplicates = len(rows) - n
+    print(f"ends (signal, finished, held, seconds to exit): {ends}; {duplicates} duplicates")
+    assert set(counts) == set(sent)
+    # what the ended drivers held came back from nsqd, and was written
+    assert sum(e[2] for e in ends) > 0
+    assert any(r["attempts"] >= 2 for r in rows)
+    for body, count in counts.items():
+        if count > 1:  # a duplicate is a redelivery: one id, attempts say so
+            copies = [r for r in rows if r["body"] == body]
+            assert len({r["id"] for r in copies}) == 1
+            assert max(r["attempts"] for r in copies) >= 2
+    final = target.counts(topic)
+    assert final is not None and (final.depth, final.in_flight) == (0, 0)
