@@ -1,11 +1,13 @@
 """A Spark driver as a user runs one: ``python -m tests.spark.driver OUT CHECKPOINT k=v...``
-streams ``format("nsq")`` (the ``k=v`` options) into parquet files at OUT until it is stopped
-or killed.  The driver tests run it in a process of its own to kill it."""
+streams ``format("nsq")`` (the ``k=v`` options) into parquet files at OUT until it is killed,
+or until a line ``stop`` on its standard input stops the query (``query.stop()``) and Spark.
+The driver tests run it in a process of its own to kill it."""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 
 
 def main(argv: list[str]) -> None:
@@ -42,8 +44,16 @@ def main(argv: list[str]) -> None:
         .trigger(processingTime="100 milliseconds")
         .start()
     )
-    print("started", flush=True)
+
+    def wait_for_stop() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        query.stop()
+
+    threading.Thread(target=wait_for_stop, daemon=True).start()
     query.awaitTermination()
+    spark.stop()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""A Spark driver killed (``kill -9``) or terminated (SIGTERM) in the middle of a stream, then
-started again from its checkpoint: nothing is lost, and a message written twice is one that nsqd
-delivered again (same id, more attempts).  Against the emulator always, and against a real nsqd
-when ``NSQD`` points at one.
+"""A Spark driver killed (``kill -9``), terminated (SIGTERM) or stopped (``query.stop()``) in
+the middle of a stream, and an nsqd restarted under a running driver; each time the driver is
+started again from its checkpoint: nothing is lost, and a message written twice is one that
+nsqd delivered again (same id, more attempts).  Against the emulator always, and against a real
+nsqd when ``NSQD`` points at one.
 
 The driver is ``tests/spark/driver.py`` in a process of its own, as a user runs it; the tests
 read what it wrote through Spark's file-sink log, so only committed batches count."""
@@ -40,7 +41,7 @@ CHANNEL = "spark"
 class Counts:
     depth: int
     in_flight: int
-    timeouts: int
+    requeues: int
 
 
 class Target(Protocol):
@@ -49,6 +50,9 @@ class Target(Protocol):
     def publish(self, topic: str, bodies: list[bytes]) -> None: ...
 
     def counts(self, topic: str) -> Counts | None: ...
+
+    def restart(self) -> None:
+        """Stop nsqd (its queues kept, as on disk) and start it again on the same port."""
 
 
 class EmulatedNSQD:
@@ -64,13 +68,37 @@ class EmulatedNSQD:
             s = self.emulator.channel_stats(topic, CHANNEL)
         except KeyError:
             return None
-        return Counts(s.depth, s.in_flight_count, s.timeout_count)
+        return Counts(s.depth, s.in_flight_count, s.requeue_count)
+
+    def restart(self) -> None:
+        nsqd, cluster = self.emulator.nsqd, self.emulator.cluster
+        self.emulator.on_loop(lambda: (nsqd.stop(cluster.now()), cluster.kick()))
+        time.sleep(0.5)
+        self.emulator.on_loop(lambda: (nsqd.start(cluster.now()), cluster.kick()))
 
 
 class RealNSQD:
-    def __init__(self, tcp: str, http: str) -> None:
+    def __init__(self, argv: list[str], tcp: str, http: str) -> None:
+        self.argv = argv
         self.address = tcp
         self.http = http
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_http(f"http://{self.http}/ping")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()  # nsqd writes what it holds to disk
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
     def publish(self, topic: str, bodies: list[bytes]) -> None:
         for i in range(0, len(bodies), 500):
@@ -90,7 +118,7 @@ class RealNSQD:
             for c in t["channels"]:
                 if c["channel_name"] == CHANNEL:
                     return Counts(
-                        c["depth"] + c["deferred_count"], c["in_flight_count"], c["timeout_count"]
+                        c["depth"] + c["deferred_count"], c["in_flight_count"], c["requeue_count"]
                     )
         return None
 
@@ -101,22 +129,18 @@ def real_nsqd() -> Iterator[RealNSQD]:
         pytest.skip("no real nsqd: set NSQD to the binary to run the driver tests against it")
     tcp, http = free_port(), free_port()
     data = tempfile.mkdtemp(prefix="nsqd-spark-")
-    proc = subprocess.Popen(
-        [
-            NSQD,
-            f"--tcp-address=127.0.0.1:{tcp}",
-            f"--http-address=127.0.0.1:{http}",
-            f"--data-path={data}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = [
+        NSQD,
+        f"--tcp-address=127.0.0.1:{tcp}",
+        f"--http-address=127.0.0.1:{http}",
+        f"--data-path={data}",
+    ]
+    nsqd = RealNSQD(argv, f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
     try:
-        wait_http(f"http://127.0.0.1:{http}/ping")
-        yield RealNSQD(f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
+        nsqd.start()
+        yield nsqd
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        nsqd.stop()
         shutil.rmtree(data, ignore_errors=True)
 
 
@@ -187,17 +211,27 @@ class Driver:
             ],
             cwd=ROOT,
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
 
-    def end(self, how: signal.Signals) -> float:
-        """Send ``how`` to the driver; seconds until it and every process it started are gone."""
+    def end(self, how: signal.Signals | None) -> float:
+        """Send ``how`` to the driver (None: ``query.stop()``); seconds until it and every
+        process it started are gone."""
         family = _descendants(self.proc.pid)
         started = time.monotonic()
-        self.proc.send_signal(how)
+        assert self.proc.stdin is not None
+        if how is None:
+            self.proc.stdin.write(b"stop\n")
+            self.proc.stdin.flush()
+        else:
+            self.proc.send_signal(how)
         self.proc.wait(timeout=60)
+        self.proc.stdin.close()
+        if how is None:
+            assert self.proc.returncode == 0
         try:
             wait_for(lambda: not _alive(family), timeout=60, interval=0.1)
         finally:
@@ -208,6 +242,8 @@ class Driver:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.end(signal.SIGKILL)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
 
 
 def committed_rows(out: Path) -> list[dict[str, Any]]:
@@ -240,22 +276,39 @@ def test_killed_and_terminated_drivers_lose_nothing(target: Target, tmp_path: Pa
         c = target.counts(topic)
         return 0 if c is None else n - c.depth - c.in_flight
 
+    def progress(before: int, step: int = 300) -> None:
+        wait_for(lambda: finished() >= before + step, timeout=120, interval=0.05)
+
     ends: list[tuple[str, int, int, float]] = []
-    for i, how in enumerate((signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGTERM)):
+    ways = [signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGTERM, None, "restart"]
+    for i, how in enumerate(ways):
         before = finished()
         driver = Driver(target, topic, out, checkpoint)
         try:
             # ended in the middle of the stream: a few batches in, messages held, at a
             # different point of a batch each time
-            wait_for(lambda b=before: finished() >= b + 300, timeout=120, interval=0.05)  # type: ignore[misc]
+            progress(before)
+            if how == "restart":
+                target.restart()  # nsqd, under the running driver
+                progress(finished())
+                how = None
             time.sleep(0.07 * i)
             counts = target.counts(topic)
             held = 0 if counts is None else counts.in_flight
+            requeues = 0 if counts is None else counts.requeues
             seconds = driver.end(how)
         finally:
             driver.kill()
-        ends.append((how.name, finished(), held, seconds))
+        name = how.name if how is not None else "stop" if ways[i] is None else "nsqd restart"
+        ends.append((name, finished(), held, seconds))
         assert finished() < n, "the stream should have been ended in the middle"
+        if how is None:
+            # a stopped query requeues what it held at once (a killed one cannot: nsqd times
+            # it out after msg_timeout)
+            after = wait_for(
+                lambda: (c := target.counts(topic)) and c.in_flight == 0 and c, timeout=30
+            )
+            assert after.requeues > requeues
 
     driver = Driver(target, topic, out, checkpoint)
     try:
@@ -264,6 +317,7 @@ def test_killed_and_terminated_drivers_lose_nothing(target: Target, tmp_path: Pa
             lambda: (r := committed_rows(out)) and {x["body"] for x in r} == set(sent) and r,
             timeout=60,
         )
+        driver.end(None)
     finally:
         driver.kill()
     counts = collections.Counter(r["body"] for r in rows)
