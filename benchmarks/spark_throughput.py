@@ -172,7 +172,10 @@ def run_query(args: argparse.Namespace, spark: Any, reader: Any, name: str, targ
             time.sleep(1.0)  # recentProgress keeps the last 100 batches
             progress.poll(query)
     finally:
+        # stopping cancels the running batch, which Spark logs as errors: not news here
+        spark.sparkContext.setLogLevel("OFF")
         query.stop()
+        spark.sparkContext.setLogLevel("ERROR")
     rate, rows, batches = progress.rate(args.warmup_batches)
     print(
         f"{name}: {rows} rows in {batches} batches after {args.warmup_batches} warm-up "
