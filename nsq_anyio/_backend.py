@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
-import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +11,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 from anyio.streams.tls import TLSStream
+
+from nsq_client import Backend, BackendBase, Stream
 
 __all__ = ["AnyioBackend", "AnyioStream"]
 
@@ -38,19 +38,12 @@ class AnyioStream:
         await self.raw.aclose()
 
 
-class AnyioBackend:
+class AnyioBackend(BackendBase):
     io_errors: tuple[type[BaseException], ...] = (
-        OSError,
-        ssl.SSLError,
+        *BackendBase.io_errors,
         anyio.BrokenResourceError,
         anyio.ClosedResourceError,
         anyio.EndOfStream,
-    )
-    tls_errors: tuple[type[BaseException], ...] = (ssl.SSLError,)
-    transient_tls_errors: tuple[type[BaseException], ...] = (
-        ssl.SSLEOFError,
-        ssl.SSLZeroReturnError,
-        ssl.SSLSyscallError,
     )
 
     def current_time(self) -> float:
@@ -84,7 +77,9 @@ class AnyioBackend:
     async def connect_tcp(self, host: str, port: int) -> AnyioStream:
         return AnyioStream(await anyio.connect_tcp(host, port))
 
-    async def start_tls(self, stream: Any, ssl_context: Any, hostname: str | None) -> AnyioStream:
+    async def start_tls(
+        self, stream: Stream, ssl_context: Any, hostname: str | None
+    ) -> AnyioStream:
         assert isinstance(stream, AnyioStream)
         tls = await TLSStream.wrap(
             stream.raw,
@@ -95,17 +90,5 @@ class AnyioBackend:
         )
         return AnyioStream(tls)
 
-    def default_ssl_context(self) -> ssl.SSLContext:
-        return ssl.create_default_context()
 
-    def ssl_check_hostname(self, ssl_context: Any) -> bool:
-        return bool(ssl_context.check_hostname)
-
-    def is_ssl_context(self, value: object) -> bool:
-        return isinstance(value, ssl.SSLContext)
-
-    def hostname(self) -> str:
-        return socket.gethostname()
-
-
-BACKEND = AnyioBackend()
+BACKEND: Backend = AnyioBackend()

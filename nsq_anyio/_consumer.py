@@ -1,22 +1,23 @@
-"""``nsq_anyio.Consumer``: the shared async consumer on the anyio backend."""
+"""``nsq_anyio.Consumer``: :class:`nsq_client.Consumer` on the anyio backend."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
-from nsq_proto._aio import AsyncConsumer
+import nsq_client
 
 from ._backend import BACKEND
 
 __all__ = ["Consumer"]
 
 
-class Consumer(AsyncConsumer):
-    __doc__ = AsyncConsumer.__doc__
+class Consumer(nsq_client.Consumer):
+    __doc__ = nsq_client.Consumer.__doc__
 
-    def __init__(self, topic: str, channel: str, **options: Any) -> None:
-        super().__init__(BACKEND, topic, channel, agent="nsq_anyio", **options)
+    def __init__(
+        self, topic: str, channel: str, **arguments: Unpack[nsq_client.ConsumerArguments]
+    ) -> None:
+        super().__init__(BACKEND, topic, channel, agent="nsq_anyio", **arguments)
 
-    async def __aenter__(self) -> Consumer:
-        await super().__aenter__()
-        return self
+
+Consumer.__module__ = "nsq_anyio"

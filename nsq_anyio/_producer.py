@@ -1,22 +1,21 @@
-"""``nsq_anyio.Producer``: the shared async producer on the anyio backend."""
+"""``nsq_anyio.Producer``: :class:`nsq_client.Producer` on the anyio backend."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
-from nsq_proto._aio import AsyncProducer
+import nsq_client
 
 from ._backend import BACKEND
 
 __all__ = ["Producer"]
 
 
-class Producer(AsyncProducer):
-    __doc__ = AsyncProducer.__doc__
+class Producer(nsq_client.Producer):
+    __doc__ = nsq_client.Producer.__doc__
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(BACKEND, agent="nsq_anyio", **options)
+    def __init__(self, **arguments: Unpack[nsq_client.ProducerArguments]) -> None:
+        super().__init__(BACKEND, agent="nsq_anyio", **arguments)
 
-    async def __aenter__(self) -> Producer:
-        await super().__aenter__()
-        return self
+
+Producer.__module__ = "nsq_anyio"

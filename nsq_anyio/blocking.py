@@ -25,12 +25,13 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, Unpack
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+import nsq_client
+from nsq_client import Message as AsyncMessage
 from nsq_proto import TraceReceipt
-from nsq_proto._aio import AsyncMessage
 
 from ._consumer import Consumer as AsyncConsumer
 from ._producer import Producer as AsyncProducer
@@ -110,7 +111,9 @@ class _Blocking(Generic[C]):
 class Producer(_Blocking[AsyncProducer]):
     """Publish from synchronous code; every option of :class:`nsq_anyio.Producer`."""
 
-    def __init__(self, *, backend: str = "asyncio", **options: Any) -> None:
+    def __init__(
+        self, *, backend: str = "asyncio", **options: Unpack[nsq_client.ProducerArguments]
+    ) -> None:
         self._runner = _Runner(backend, lambda: AsyncProducer(**options), "producer")
 
     def publish(
@@ -162,13 +165,13 @@ class Producer(_Blocking[AsyncProducer]):
         result: TraceReceipt | None = self._runner.call(publish_many)
         return result
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> nsq_client.ProducerStats:
         producer = self._client()
 
-        async def stats() -> dict[str, Any]:
+        async def stats() -> nsq_client.ProducerStats:
             return producer.stats()
 
-        result: dict[str, Any] = self._runner.call(stats)
+        result: nsq_client.ProducerStats = self._runner.call(stats)
         return result
 
 
@@ -227,7 +230,12 @@ class Consumer(_Blocking[AsyncConsumer]):
     waited for up to ``stop_timeout``, and what is left is requeued."""
 
     def __init__(
-        self, topic: str, channel: str, *, backend: str = "asyncio", **options: Any
+        self,
+        topic: str,
+        channel: str,
+        *,
+        backend: str = "asyncio",
+        **options: Unpack[nsq_client.ConsumerArguments],
     ) -> None:
         self._runner = _Runner(
             backend, lambda: AsyncConsumer(topic, channel, **options), "consumer"
@@ -289,13 +297,13 @@ class Consumer(_Blocking[AsyncConsumer]):
         """Stop gracefully now (leaving the ``with`` block does the same)."""
         self._runner.call(self._client().stop)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> nsq_client.ConsumerStats:
         consumer = self._client()
 
-        async def stats() -> dict[str, Any]:
+        async def stats() -> nsq_client.ConsumerStats:
             return consumer.stats()
 
-        result: dict[str, Any] = self._runner.call(stats)
+        result: nsq_client.ConsumerStats = self._runner.call(stats)
         return result
 
     def set_max_in_flight(self, max_in_flight: int) -> None:

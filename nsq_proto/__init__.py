@@ -16,6 +16,7 @@ from ._consumer import ConnectionStats as ConnectionStats
 from ._consumer import Consumer as Consumer
 from ._consumer import ConsumerConfig as ConsumerConfig
 from ._consumer import parse_address as parse_address
+from ._core import ClientCore as ClientCore
 from ._errors import AuthRequired as AuthRequired
 from ._errors import ConnectionClosedError as ConnectionClosedError
 from ._errors import FrameTooLarge as FrameTooLarge
@@ -82,6 +83,7 @@ from ._version import __version__ as __version__
 __all__ = [
     "commands",
     "BackoffChanged",
+    "ClientCore",
     "Connect",
     "ConnectionStats",
     "Consumer",

@@ -10,8 +10,8 @@
             await message.finish()
 """
 
-from typing import Any
-
+from nsq_client import Message as Message
+from nsq_client import TransportError as TransportError
 from nsq_proto import AuthRequired as AuthRequired
 from nsq_proto import ConfigError as ConfigError
 from nsq_proto import ConnectionClosedError as ConnectionClosedError
@@ -21,11 +21,9 @@ from nsq_proto import PublishTimeout as PublishTimeout
 from nsq_proto import RemoteProtocolError as RemoteProtocolError
 from nsq_proto import ServerError as ServerError
 from nsq_proto import TraceReceipt as TraceReceipt
-from nsq_proto._aio import AsyncConsumer, AsyncProducer
-from nsq_proto._aio import AsyncMessage as Message
-from nsq_proto._aio import TransportError as TransportError
 
-from ._backend import BACKEND
+from ._consumer import Consumer as Consumer
+from ._producer import Producer as Producer
 
 __all__ = [
     "AuthRequired",
@@ -42,25 +40,3 @@ __all__ = [
     "TraceReceipt",
     "TransportError",
 ]
-
-
-class Consumer(AsyncConsumer):
-    __doc__ = AsyncConsumer.__doc__
-
-    def __init__(self, topic: str, channel: str, **options: Any) -> None:
-        super().__init__(BACKEND, topic, channel, agent="nsq_trio", **options)
-
-    async def __aenter__(self) -> "Consumer":
-        await super().__aenter__()
-        return self
-
-
-class Producer(AsyncProducer):
-    __doc__ = AsyncProducer.__doc__
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(BACKEND, agent="nsq_trio", **options)
-
-    async def __aenter__(self) -> "Producer":
-        await super().__aenter__()
-        return self

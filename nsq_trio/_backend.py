@@ -4,13 +4,13 @@ clock (so ``trio.testing.MockClock`` drives every timer)."""
 from __future__ import annotations
 
 import math
-import socket
-import ssl
 from collections.abc import Callable
 from typing import Any
 
 import trio
 import trio.lowlevel
+
+from nsq_client import Backend, BackendBase, Stream, TaskGroupContext
 
 __all__ = ["TrioBackend", "TrioStream", "BACKEND"]
 
@@ -33,18 +33,11 @@ class TrioStream:
         await self.raw.aclose()
 
 
-class TrioBackend:
+class TrioBackend(BackendBase):
     io_errors: tuple[type[BaseException], ...] = (
-        OSError,
-        ssl.SSLError,
+        *BackendBase.io_errors,
         trio.BrokenResourceError,
         trio.ClosedResourceError,
-    )
-    tls_errors: tuple[type[BaseException], ...] = (ssl.SSLError,)
-    transient_tls_errors: tuple[type[BaseException], ...] = (
-        ssl.SSLEOFError,
-        ssl.SSLZeroReturnError,
-        ssl.SSLSyscallError,
     )
 
     def current_time(self) -> float:
@@ -59,7 +52,7 @@ class TrioBackend:
     def cancel_scope(self, *, deadline: float = math.inf, shield: bool = False) -> trio.CancelScope:
         return trio.CancelScope(deadline=deadline, shield=shield)
 
-    def task_group(self) -> Any:
+    def task_group(self) -> TaskGroupContext:
         return trio.open_nursery()
 
     def cancelled_exc_class(self) -> type[BaseException]:
@@ -71,7 +64,7 @@ class TrioBackend:
     async def connect_tcp(self, host: str, port: int) -> TrioStream:
         return TrioStream(await trio.open_tcp_stream(host, port))
 
-    async def start_tls(self, stream: Any, ssl_context: Any, hostname: str | None) -> TrioStream:
+    async def start_tls(self, stream: Stream, ssl_context: Any, hostname: str | None) -> TrioStream:
         assert isinstance(stream, TrioStream)
         tls = trio.SSLStream(
             stream.raw, ssl_context, server_hostname=hostname, https_compatible=True
@@ -79,17 +72,5 @@ class TrioBackend:
         await tls.do_handshake()
         return TrioStream(tls)
 
-    def default_ssl_context(self) -> ssl.SSLContext:
-        return ssl.create_default_context()
 
-    def ssl_check_hostname(self, ssl_context: Any) -> bool:
-        return bool(ssl_context.check_hostname)
-
-    def is_ssl_context(self, value: object) -> bool:
-        return isinstance(value, ssl.SSLContext)
-
-    def hostname(self) -> str:
-        return socket.gethostname()
-
-
-BACKEND = TrioBackend()
+BACKEND: Backend = TrioBackend()

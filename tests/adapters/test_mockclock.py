@@ -10,7 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from nsq_proto._aio import AsyncConsumer, AsyncProducer
+from nsq_client import Consumer as AsyncConsumer
+from nsq_client import Producer as AsyncProducer
 from nsq_proto.testing import (
     Cluster,
     HttpServerConnection,

@@ -1,0 +1,154 @@
+"""What an event-loop library provides to the client: the :class:`Backend` protocol.
+
+A backend is the only place the client meets an event loop: TCP streams, TLS, events, cancel
+scopes with deadlines, task groups and the loop's clock.  ``nsq_anyio`` and ``nsq_trio`` are
+two backends; bring your own to run the full client on another loop or transport (see the
+"custom transports" page of the documentation).  :class:`BackendBase` holds what every
+backend on the standard ``ssl`` module shares.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import ssl
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+__all__ = [
+    "Backend",
+    "BackendBase",
+    "EventLike",
+    "ScopeLike",
+    "Stream",
+    "TaskGroupContext",
+    "TaskGroupLike",
+]
+
+
+class Stream(Protocol):
+    """One byte stream (TCP, or TLS over TCP)."""
+
+    async def send(self, data: bytes) -> None:
+        """Write all of ``data``."""
+        ...
+
+    async def receive(self) -> bytes:
+        """The next bytes that arrived; ``b""`` at the end of the stream."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class EventLike(Protocol):
+    """A one-shot event (``anyio.Event``, ``trio.Event``, ``asyncio.Event``)."""
+
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+    async def wait(self) -> object: ...
+
+
+class ScopeLike(Protocol):
+    """A cancel scope: a ``with`` block that can be cancelled, at a deadline or by
+    :meth:`cancel` (``anyio.CancelScope``, ``trio.CancelScope``).  ``cancelled_caught`` (read
+    with ``getattr``) tells whether it ended the block."""
+
+    def cancel(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> bool | None: ...
+
+
+class TaskGroupLike(Protocol):
+    """A running task group (``anyio.abc.TaskGroup``, a trio nursery)."""
+
+    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> object: ...
+
+    @property
+    def cancel_scope(self) -> ScopeLike: ...
+
+
+class TaskGroupContext(Protocol):
+    """What :meth:`Backend.task_group` returns: ``async with`` it to run a task group."""
+
+    async def __aenter__(self) -> TaskGroupLike: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> bool | None: ...
+
+
+class Backend(Protocol):
+    """The I/O and concurrency primitives of one event-loop library."""
+
+    #: exceptions that mean "this transport failed"
+    io_errors: tuple[type[BaseException], ...]
+    #: TLS failures (anywhere in an exception's chain of causes) ...
+    tls_errors: tuple[type[BaseException], ...]
+    #: ... except these, which are the network's fault, not the handshake's
+    transient_tls_errors: tuple[type[BaseException], ...]
+
+    def current_time(self) -> float:
+        """The loop's clock, in seconds (deadlines are on it)."""
+        ...
+
+    def clock(self) -> Callable[[], float]:
+        """A cheap callable reading the running loop's clock (called inside the loop)."""
+        ...
+
+    def event(self) -> EventLike: ...
+    def cancel_scope(self, *, deadline: float = math.inf, shield: bool = False) -> ScopeLike: ...
+    def task_group(self) -> TaskGroupContext: ...
+    def cancelled_exc_class(self) -> type[BaseException]: ...
+    async def checkpoint(self) -> None:
+        """Let other tasks run (and deliver a pending cancellation)."""
+        ...
+
+    async def connect_tcp(self, host: str, port: int) -> Stream: ...
+    async def start_tls(self, stream: Stream, ssl_context: Any, hostname: str | None) -> Stream:
+        """The TLS client handshake over ``stream``; ``hostname`` None skips the name check."""
+        ...
+
+    def default_ssl_context(self) -> Any:
+        """The context of ``tls=True``: verifying, the system's trust store."""
+        ...
+
+    def ssl_check_hostname(self, ssl_context: Any) -> bool: ...
+    def is_ssl_context(self, value: object) -> bool: ...
+    def hostname(self) -> str:
+        """This machine's name (IDENTIFY's defaults ``client_id`` and ``hostname``)."""
+        ...
+
+
+class BackendBase:
+    """What backends on the standard ``ssl`` module share: a subclass adds the loop's
+    primitives and streams, and extends ``io_errors`` with its library's own."""
+
+    io_errors: tuple[type[BaseException], ...] = (OSError, ssl.SSLError)
+    tls_errors: tuple[type[BaseException], ...] = (ssl.SSLError,)
+    transient_tls_errors: tuple[type[BaseException], ...] = (
+        ssl.SSLEOFError,
+        ssl.SSLZeroReturnError,
+        ssl.SSLSyscallError,
+    )
+
+    def default_ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context()
+
+    def ssl_check_hostname(self, ssl_context: Any) -> bool:
+        return bool(ssl_context.check_hostname)
+
+    def is_ssl_context(self, value: object) -> bool:
+        return isinstance(value, ssl.SSLContext)
+
+    def hostname(self) -> str:
+        return socket.gethostname()

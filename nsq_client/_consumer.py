@@ -1,0 +1,362 @@
+"""The consumer: a sans-IO consumer core driven on a backend, with the application's API."""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from contextlib import suppress
+from typing import Any, Self, Unpack
+
+from nsq_proto import (
+    ConfigError,
+    ConnectionClosed,
+    ConsumerConfig,
+    ErrorReceived,
+    Event,
+    LocalProtocolError,
+    LookupFailed,
+    LookupSucceeded,
+    MessageGivenUp,
+    MessageReceived,
+    NSQError,
+    StartFromFailed,
+    Stopped,
+)
+from nsq_proto import Consumer as ConsumerCore
+from nsq_proto import Message as CoreMessage
+
+from ._backend import Backend
+from ._client import ClientBase
+from ._driver import Driver
+from ._message import GiveUpHook, Handler, Message, _Inbox
+from ._options import ConsumerOptions, build_config, tls_context
+from ._stats import ConsumerStats
+
+__all__ = ["Consumer"]
+
+log = logging.getLogger("nsq")
+
+#: how many recent errors a consumer keeps for inspection
+_KEEP_ERRORS = 100
+
+
+class Consumer(ClientBase):
+    """Consume ``topic``/``channel`` from nsqd (a fixed list) or from what lookupd lists.
+
+    Every option of :class:`nsq_proto.ConsumerConfig` is a keyword argument of the same name.
+    ``tls`` takes an ``ssl.SSLContext`` (or True for the default, verifying context).
+    Leaving the ``async with`` block stops gracefully: CLS, then wait (up to
+    ``stop_timeout``) for the messages the application holds to be answered; the rest is
+    requeued.  Cancelled, it requeues what the application holds at once.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        topic: str,
+        channel: str,
+        *,
+        nsqd_tcp_addresses: Iterable[str] = (),
+        lookupd_http_addresses: Iterable[str] = (),
+        tls: bool | ssl.SSLContext | None = None,
+        tls_hostname: str | None = None,
+        on_give_up: GiveUpHook | None = None,
+        rng: random.Random | None = None,
+        config: ConsumerConfig | None = None,
+        agent: str = "nsq_client",
+        **options: Unpack[ConsumerOptions],
+    ) -> None:
+        super().__init__(backend)
+        use_tls, context = tls_context(backend, tls)
+        self.config = build_config(
+            ConsumerConfig, backend, config, options, tls=use_tls, agent=agent
+        )
+        self._core = ConsumerCore(
+            topic,
+            channel,
+            self.config,
+            nsqd_tcp_addresses=nsqd_tcp_addresses,
+            lookupd_http_addresses=lookupd_http_addresses,
+            rng=rng,
+        )
+        self.topic = topic
+        self.channel = channel
+        self._driver = Driver(
+            backend, self._core, self._on_event, ssl_context=context, tls_hostname=tls_hostname
+        )
+        self._on_give_up = on_give_up
+        self._inbox = _Inbox(backend)
+        self._closing = False
+        self._stopped = backend.event()
+        self._conn_info: dict[int, tuple[str, int | None]] = {}
+        #: the latest error frames, lookupd failures and connection failures (bounded)
+        self.errors: deque[ErrorReceived] = deque(maxlen=_KEEP_ERRORS)
+        self.lookup_failures: deque[LookupFailed] = deque(maxlen=_KEEP_ERRORS)
+        self.connection_errors: deque[BaseException] = deque(maxlen=_KEEP_ERRORS)
+        #: the latest answer of a lookupd (None before the first)
+        self.last_lookup: LookupSucceeded | None = None
+
+    async def __aenter__(self) -> Self:
+        await self._enter()
+        self._core.start(self._backend.current_time())
+        self._driver.wake()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        cancelled = isinstance(exc_info[1], self._backend.cancelled_exc_class())
+        # the block is over: nothing takes messages from the inbox any more, so those still
+        # on their way (sent by nsqd before it read our CLS) go back at once
+        self._closing = True
+        await self._stop(requeue_unanswered=cancelled)
+        with self._backend.cancel_scope(shield=True):
+            await self._driver.aclose()
+        return await self._exit(exc_info)
+
+    async def _stop(self, *, requeue_unanswered: bool = False) -> None:
+        backend = self._backend
+        with backend.cancel_scope(shield=True):
+            now = backend.current_time()
+            self._core.stop(now, requeue_unanswered=requeue_unanswered)
+            # messages delivered but never handed to the application go back at once
+            for message in self._inbox.drain():
+                message._responded = True
+                # a message that timed out and came back is in the inbox twice: only the
+                # newest copy's REQ is sent
+                with suppress(LocalProtocolError):
+                    self._core.requeue(
+                        message.conn_id,
+                        message.id,
+                        now,
+                        delay=0.0,
+                        backoff=False,
+                        attempts=message.attempts,
+                    )
+            if requeue_unanswered:
+                # the pump task is cancelled with us: carry out the requeues and closes here
+                with backend.cancel_scope(deadline=now + 5.0, shield=True):
+                    await self._driver.flush()
+                self._inbox.close()
+                return
+            self._driver.wake()
+            with backend.cancel_scope(deadline=now + self.config.stop_timeout + 5.0):
+                await self._stopped.wait()
+            self._inbox.close()
+
+    async def stop(self) -> None:
+        """Stop gracefully now (leaving the ``async with`` block does the same)."""
+        await self._stop()
+
+    def _on_event(self, event: Event) -> None:
+        if type(event) is MessageReceived:
+            if self._closing:
+                late = event.message
+                with suppress(LocalProtocolError):
+                    self._core.requeue(
+                        event.conn_id,
+                        late.id,
+                        self._backend.current_time(),
+                        delay=0.0,
+                        backoff=False,
+                        attempts=late.attempts,
+                    )
+                return
+            self._inbox.put(self._wrap(event.conn_id, event.message))
+        elif isinstance(event, MessageGivenUp):
+            message = self._wrap(event.conn_id, event.message)
+            message._responded = event.finished
+            log.warning("giving up on message %r after %d attempts", message.id, message.attempts)
+            if self._on_give_up is not None:
+                self._on_give_up(message)
+        elif isinstance(event, ErrorReceived):
+            self.errors.append(event)
+            log.warning("nsqd error on connection %d: %s %s", event.conn_id, event.code, event.text)
+        elif isinstance(event, LookupSucceeded):
+            self.last_lookup = event
+        elif isinstance(event, LookupFailed):
+            self.lookup_failures.append(event)
+            log.warning("lookupd %s:%d failed: %s", *event.address, event.error)
+        elif isinstance(event, StartFromFailed):
+            self.connection_errors.append(event.error)
+            log.warning(
+                "start_from of partition %d not set on %s:%d: %s",
+                event.partition,
+                *event.address,
+                event.error,
+            )
+        elif isinstance(event, ConnectionClosed):
+            self._conn_info.pop(event.conn_id, None)
+            if event.error is not None:
+                self.connection_errors.append(event.error)
+                cause = event.error.__cause__
+                log.warning(
+                    "connection %d closed: %s%s",
+                    event.conn_id,
+                    event.error,
+                    "" if cause is None or str(cause) in str(event.error) else f" ({cause})",
+                )
+        elif isinstance(event, Stopped):
+            self._stopped.set()
+            self._inbox.close()
+
+    def _wrap(self, conn_id: int, message: CoreMessage) -> Message:
+        info = self._conn_info.get(conn_id)
+        if info is None:
+            stats = self._core.connection_stats(conn_id)
+            if stats is None:
+                info = ("", None)
+            else:
+                info = (f"{stats.address[0]}:{stats.address[1]}", stats.partition)
+            self._conn_info[conn_id] = info
+        return Message(self, conn_id, message, info[0], info[1])
+
+    def _finish(self, message: Message) -> None:
+        self._core.finish(message.conn_id, message.id, self._clock(), attempts=message.attempts)
+        self._driver.wake()
+
+    def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
+        self._core.requeue(
+            message.conn_id,
+            message.id,
+            self._clock(),
+            delay=delay,
+            backoff=backoff,
+            attempts=message.attempts,
+        )
+        self._driver.wake()
+
+    def _touch(self, message: Message) -> None:
+        self._core.touch(message.conn_id, message.id, self._clock(), attempts=message.attempts)
+        self._driver.wake()
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self
+
+    async def __anext__(self) -> Message:
+        message = await self._inbox.get()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    async def get_many(self, max_messages: int) -> list[Message]:
+        """Wait for a message, then take it and the others already delivered, up to
+        ``max_messages`` in all; an empty list once the consumer has stopped.
+
+        For applications that handle messages in batches (one database write for many):
+        each message is still answered on its own, and RDY bounds how many can wait."""
+        if max_messages < 1:
+            raise ConfigError("max_messages must be at least 1")
+        return await self._inbox.get_many(max_messages)
+
+    async def finish_many(self, messages: Iterable[Message]) -> None:
+        """FIN every message of ``messages`` (as ``await message.finish()`` on each), with
+        one write per connection: for applications that answer a whole batch at once.
+
+        A message already answered, or given twice, or delivered by another consumer, is a
+        :class:`LocalProtocolError` raised before any FIN is sent."""
+        batch = list(messages)
+        marked: list[Message] = []
+        try:
+            for message in batch:
+                if message._consumer is not self:
+                    raise LocalProtocolError(f"{message!r} was delivered by another consumer")
+                message._mark()
+                marked.append(message)
+        except LocalProtocolError:
+            for message in marked:
+                message._responded = False
+            raise
+        self._core.finish_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
+        self._driver.wake()
+
+    async def touch_many(self, messages: Iterable[Message]) -> None:
+        """TOUCH every message of ``messages`` (as ``await message.touch()`` on each), with
+        one write per connection: for applications that hold many messages at once.
+
+        A message already answered, or delivered by another consumer, is a
+        :class:`LocalProtocolError` raised before any TOUCH is sent."""
+        batch = list(messages)
+        for message in batch:
+            if message._consumer is not self:
+                raise LocalProtocolError(f"{message!r} was delivered by another consumer")
+            if message._responded:
+                raise LocalProtocolError(f"{message!r} has already been answered")
+        self._core.touch_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
+        self._driver.wake()
+
+    async def run(self, handler: Handler, concurrency: int | None = None) -> None:
+        """Handler style: returning FINishes, raising REQueues with backoff; at most
+        ``concurrency`` handlers run at once (default: max_in_flight).  Returns when the
+        consumer stops."""
+        n = concurrency if concurrency is not None else max(1, self.config.max_in_flight)
+        if n < 1:
+            raise ConfigError("concurrency must be at least 1")
+        async with self._backend.task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(self._worker, handler)
+
+    async def _worker(self, handler: Handler) -> None:
+        inbox = self._inbox
+        while (message := await inbox.get()) is not None:
+            try:
+                await handler(message)
+            except self._backend.cancelled_exc_class():
+                # run() was cancelled mid-handler: the message goes back at once, so that a
+                # stop does not wait stop_timeout for an answer that cannot come
+                if not message.has_responded:
+                    message._responded = True
+                    with suppress(NSQError):
+                        self._requeue(message, 0.0, False)
+                raise
+            except Exception:
+                log.exception("handler failed for message %r", message.id)
+                if not message.has_responded:
+                    await message.requeue()
+            else:
+                if not message.has_responded:
+                    await message.finish()
+
+    def is_starved(self) -> bool:
+        return self._core.is_starved()
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        self._core.set_max_in_flight(max_in_flight, self._backend.current_time())
+        self._driver.wake()
+
+    def stats(self) -> ConsumerStats:
+        """Counters and each connection's state, as a JSON-ready dict."""
+        core = self._core
+        return {
+            "topic": self.topic,
+            "channel": self.channel,
+            "max_in_flight": core.max_in_flight,
+            "total_rdy": core.total_rdy,
+            "backoff_level": core.backoff_level,
+            "starved": core.is_starved(),
+            "messages_received": core.messages_received,
+            "messages_finished": core.messages_finished,
+            "messages_requeued": core.messages_requeued,
+            "messages_given_up": core.messages_given_up,
+            "last_error": str(self.connection_errors[-1]) if self.connection_errors else None,
+            "connections": [
+                {
+                    "conn_id": s.conn_id,
+                    "address": f"{s.address[0]}:{s.address[1]}",
+                    "state": s.state,
+                    "rdy": s.rdy,
+                    "in_flight": s.in_flight,
+                    "partition": s.partition,
+                    # the RDY nsqd allows on it (IDENTIFY's max_rdy_count; None before it)
+                    "max_rdy_count": _max_rdy_count(core, s.conn_id),
+                }
+                for s in core.connections()
+            ],
+        }
+
+
+def _max_rdy_count(core: ConsumerCore, conn_id: int) -> int | None:
+    conn = core.connection(conn_id)
+    features = None if conn is None else conn.features
+    return None if features is None else features.max_rdy_count

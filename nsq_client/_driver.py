@@ -1,0 +1,335 @@
+"""The pump: carries out a sans-IO core's outputs on a :class:`~nsq_client.Backend`.
+
+It makes no protocol decision: it connects, writes, starts TLS, closes and reads when the core
+says so, feeds the core bytes and the loop's time, and sleeps until the core's next deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, NSQError, Send, StartTLS
+
+from ._backend import Backend, EventLike, ScopeLike, Stream, TaskGroupLike
+
+__all__ = ["Driver", "TransportError"]
+
+
+class TransportError(NSQError, ConnectionError):
+    """The network failed: refused, reset, timed out, TLS handshake failed.
+
+    ``permanent`` is True when retrying will not help (the TLS handshake was refused: an
+    untrusted certificate, a name mismatch, no common protocol version)."""
+
+    def __init__(self, msg: str, *, permanent: bool = False) -> None:
+        super().__init__(msg)
+        self.permanent = permanent
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_transport_error, (str(self), self.permanent))
+
+
+def _transport_error(msg: str, permanent: bool) -> TransportError:
+    return TransportError(msg, permanent=permanent)
+
+
+@dataclass(eq=False)
+class _Link:
+    conn_id: int
+    host: str
+    port: int
+    stream: Stream | None = None
+    read_scope: ScopeLike | None = None
+    upgrade: bool = False
+    closed: bool = False
+    pending: list[bytes] = field(default_factory=list)
+    #: set while a write is under way (one writer at a time; others queue in ``pending``)
+    sending: EventLike | None = None
+    #: TLS is up and nothing was read since
+    tls_fresh: bool = False
+
+
+class Driver:
+    """Carries out a core's outputs and feeds it bytes and the loop's time.
+
+    Makes no protocol decision: it connects, writes, starts TLS, closes and reads when the
+    core says so, and sleeps until the core's next deadline.  Call :meth:`wake` after every
+    call into the core from outside.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        core: ClientCore,
+        on_event: Callable[[Event], None],
+        *,
+        ssl_context: Any = None,
+        tls_hostname: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.core = core
+        self._on_event = on_event
+        self._ssl_context = ssl_context
+        self._tls_hostname = tls_hostname
+        self._links: dict[int, _Link] = {}
+        self._failures: tuple[type[BaseException], ...] = (TimeoutError, *backend.io_errors)
+        self._wake: EventLike = backend.event()
+        self._tg: TaskGroupLike | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, task_group: TaskGroupLike) -> None:
+        """The pump loop; runs until cancelled."""
+        self._tg = task_group
+        backend = self.backend
+        core = self.core
+        while True:
+            self._wake = backend.event()
+            core.handle_timer(backend.current_time())  # an early call does nothing
+            await self._drain()
+            if self._wake.is_set():
+                continue
+            deadline = core.next_deadline()
+            with backend.cancel_scope(deadline=math.inf if deadline is None else deadline):
+                await self._wake.wait()
+
+    async def flush(self) -> None:
+        """Carry out every pending output now (when the pump task may be cancelled)."""
+        await self._drain()
+
+    async def aclose(self) -> None:
+        """Close every transport still open."""
+        for link in list(self._links.values()):
+            self._links.pop(link.conn_id, None)
+            await self._shut(link)
+
+    async def _drain(self) -> None:
+        core = self.core
+        on_event = self._on_event
+        while (out := core.next_output()) is not None:
+            if isinstance(out, Event):
+                on_event(out)
+            elif type(out) is Send:
+                await self._send(out.conn_id, out.data)
+            elif isinstance(out, Connect):
+                link = _Link(out.conn_id, out.host, out.port)
+                self._links[out.conn_id] = link
+                assert self._tg is not None
+                self._tg.start_soon(self._connection, link, out.port, out.timeout)
+            elif isinstance(out, StartTLS):
+                self._start_tls(out)
+            elif isinstance(out, Close):
+                closing = self._links.pop(out.conn_id, None)
+                if closing is not None:
+                    await self._shut(closing)
+            elif isinstance(out, HttpRequest):
+                assert self._tg is not None
+                self._tg.start_soon(self._http, out)
+
+    async def _send(self, conn_id: int, data: bytes) -> None:
+        link = self._links.get(conn_id)
+        if link is None or link.closed:
+            return
+        if link.stream is None or link.upgrade or link.sending is not None:
+            link.pending.append(data)  # written once connected, TLS is up, or by the writer
+            return
+        backend = self.backend
+        link.sending = done = backend.event()
+        try:
+            while True:
+                # once taken from the core, bytes must reach the socket even if this task is
+                # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
+                with backend.cancel_scope(deadline=backend.current_time() + 10.0, shield=True):
+                    await link.stream.send(data)
+                if not link.pending or link.upgrade:
+                    break
+                data = b"".join(link.pending)
+                link.pending.clear()
+        except backend.io_errors as exc:
+            link.sending = None
+            done.set()
+            await self._lost(link, exc)
+            return
+        link.sending = None
+        done.set()
+
+    async def _shut(self, link: _Link) -> None:
+        backend = self.backend
+        if link.sending is not None and not link.closed:
+            # let the write under way (and what queued behind it) finish first
+            with backend.cancel_scope(deadline=backend.current_time() + 10.0, shield=True):
+                await link.sending.wait()
+        link.closed = True
+        if link.read_scope is not None:
+            link.read_scope.cancel()
+        if link.stream is not None:
+            with backend.cancel_scope(deadline=backend.current_time() + 1.0, shield=True):
+                with suppress(*backend.io_errors):
+                    await link.stream.aclose()
+
+    async def _lost(self, link: _Link, error: BaseException | None) -> None:
+        if link.closed:
+            return
+        self._links.pop(link.conn_id, None)
+        await self._shut(link)
+        self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
+        self.wake()
+
+    def _start_tls(self, out: StartTLS) -> None:
+        link = self._links.get(out.conn_id)
+        if link is None:
+            return
+        if out.buffered:
+            # nsqd sends nothing between its IDENTIFY response and our ClientHello
+            error = TransportError("data arrived before the TLS handshake")
+            self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
+            return
+        link.upgrade = True
+        if link.read_scope is not None:
+            link.read_scope.cancel()
+
+    async def _connection(self, link: _Link, port: int, timeout: float) -> None:
+        backend = self.backend
+        try:
+            with backend.cancel_scope(deadline=backend.current_time() + timeout) as scope:
+                link.stream = await backend.connect_tcp(link.host, port)
+            if link.stream is None or getattr(scope, "cancelled_caught", False):
+                raise TimeoutError(f"connecting to {link.host}:{port} timed out")
+        except self._failures as exc:
+            error = TransportError(f"connecting to {link.host}:{port} failed: {exc}")
+            error.__cause__ = exc
+            await self._lost(link, error)
+            return
+        if link.closed:
+            await self._shut(link)
+            return
+        pending, link.pending = link.pending, []
+        self.core.connection_made(link.conn_id, backend.current_time())
+        for data in pending:
+            await self._send(link.conn_id, data)
+        self.wake()
+        await self._read_loop(link)
+
+    async def _read_loop(self, link: _Link) -> None:
+        backend = self.backend
+        core = self.core
+        while not link.closed:
+            if link.upgrade:
+                if not await self._upgrade(link):
+                    return
+                continue
+            stream = link.stream
+            assert stream is not None
+            data: bytes | None = None
+            with backend.cancel_scope() as scope:
+                link.read_scope = scope
+                try:
+                    data = await stream.receive()
+                except backend.io_errors as exc:
+                    link.read_scope = None
+                    # an alert right after the handshake is nsqd refusing it (TLS 1.3 servers
+                    # refuse a client certificate only after the client's side is done)
+                    refused = self._tls_failure(link, exc) if link.tls_fresh else None
+                    await self._lost(link, refused or exc)
+                    return
+                link.read_scope = None
+            if data is None:
+                continue  # the read was cancelled: an upgrade or a close
+            if not data:
+                await self._lost(link, None)
+                return
+            link.tls_fresh = False
+            core.receive_data(link.conn_id, data, backend.current_time())
+            self.wake()
+
+    async def _upgrade(self, link: _Link) -> bool:
+        backend = self.backend
+        assert link.stream is not None
+        context = (
+            self._ssl_context if self._ssl_context is not None else backend.default_ssl_context()
+        )
+        hostname = self._tls_hostname or link.host
+        upgraded: Stream | None = None
+        # cancellable like a read: the core closes a link whose handshake takes too long
+        with backend.cancel_scope() as scope:
+            link.read_scope = scope
+            try:
+                upgraded = await backend.start_tls(
+                    link.stream, context, hostname if backend.ssl_check_hostname(context) else None
+                )
+            except backend.io_errors as exc:
+                link.read_scope = None
+                error = self._tls_failure(link, exc)
+                if error is None:
+                    error = TransportError(
+                        f"TLS handshake with {link.host}:{link.port} failed: {exc}"
+                    )
+                    error.__cause__ = exc
+                await self._lost(link, error)
+                return False
+            link.read_scope = None
+        if upgraded is None:
+            return False  # closed meanwhile
+        link.stream = upgraded
+        link.upgrade = False
+        link.tls_fresh = True
+        self.core.tls_established(link.conn_id, backend.current_time())
+        pending, link.pending = link.pending, []
+        for data in pending:
+            await self._send(link.conn_id, data)
+        self.wake()
+        return True
+
+    def _tls_failure(self, link: _Link, exc: BaseException) -> TransportError | None:
+        """A TLS error in ``exc``'s chain as a permanent TransportError (the handshake was
+        refused), or None."""
+        backend = self.backend
+        tls = _find(exc, backend.tls_errors)
+        if tls is None or isinstance(tls, backend.transient_tls_errors):
+            return None
+        error = TransportError(
+            f"TLS handshake with {link.host}:{link.port} failed: {tls}", permanent=True
+        )
+        error.__cause__ = exc
+        return error
+
+    async def _http(self, req: HttpRequest) -> None:
+        backend = self.backend
+        core = self.core
+        try:
+            with backend.cancel_scope(deadline=backend.current_time() + req.timeout) as scope:
+                stream = await backend.connect_tcp(req.host, req.port)
+                try:
+                    await stream.send(req.data)
+                    while True:
+                        chunk = await stream.receive()
+                        core.http_data(req.request_id, chunk, backend.current_time())
+                        self.wake()
+                        if not chunk:
+                            return
+                finally:
+                    with backend.cancel_scope(shield=True):
+                        with suppress(*backend.io_errors):
+                            await stream.aclose()
+            if getattr(scope, "cancelled_caught", False):
+                raise TimeoutError("lookupd request timed out")
+        except self._failures as exc:
+            core.http_failed(req.request_id, exc, backend.current_time())
+            self.wake()
+
+
+def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of ``kinds`` in ``exc``'s chain of causes and contexts."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 16:
+        if isinstance(current, kinds):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None

@@ -1,0 +1,186 @@
+"""The message an application receives, and the inbox it waits in."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+from nsq_proto import LocalProtocolError
+from nsq_proto import Message as CoreMessage
+
+from ._backend import Backend, EventLike
+
+if TYPE_CHECKING:
+    from ._consumer import Consumer
+
+__all__ = ["GiveUpHook", "Handler", "Message"]
+
+#: answers given by an application task without waiting are sent together; every this many
+#: messages taken without waiting, the consumer yields to the loop once anyway
+_CHECKPOINT_EVERY = 256
+
+
+class Message:
+    """A delivered message with its answers.  Answer each message once: ``finish`` or
+    ``requeue`` (``touch`` buys time first)."""
+
+    __slots__ = ("_consumer", "_message", "_responded", "conn_id", "nsqd_address", "partition")
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        conn_id: int,
+        message: CoreMessage,
+        nsqd_address: str,
+        partition: int | None,
+    ) -> None:
+        self._consumer = consumer
+        self._message = message
+        self.conn_id = conn_id
+        self.nsqd_address = nsqd_address
+        self.partition = partition
+        self._responded = False
+
+    @property
+    def id(self) -> bytes:
+        return self._message.id
+
+    @property
+    def body(self) -> bytes:
+        return self._message.body
+
+    @property
+    def attempts(self) -> int:
+        return self._message.attempts
+
+    @property
+    def timestamp(self) -> int:
+        """Nanoseconds since the epoch, when nsqd received the message."""
+        return self._message.timestamp
+
+    @property
+    def trace_id(self) -> int | None:
+        """The trace id (partitioned server), else None."""
+        return self._message.trace_id
+
+    @property
+    def ext(self) -> dict[str, Any] | None:
+        """The JSON extension header (partitioned server, extended topics), else None."""
+        message = self._message
+        if message.ext_version != 4 or not message.ext_data:
+            return None
+        try:
+            value = json.loads(message.ext_data)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    @property
+    def raw(self) -> CoreMessage:
+        return self._message
+
+    @property
+    def has_responded(self) -> bool:
+        return self._responded
+
+    def _mark(self) -> None:
+        if self._responded:
+            raise LocalProtocolError("this message has already been answered")
+        self._responded = True
+
+    async def finish(self) -> None:
+        self._mark()
+        self._consumer._finish(self)
+
+    async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+        """REQ; ``delay`` None grows with attempts; ``backoff`` counts it as a failure."""
+        self._mark()
+        self._consumer._requeue(self, delay, backoff)
+
+    async def touch(self) -> None:
+        if self._responded:
+            raise LocalProtocolError("this message has already been answered")
+        self._consumer._touch(self)
+
+    def __repr__(self) -> str:
+        return f"<Message id={self.id!r} attempts={self.attempts} body={self.body[:40]!r}>"
+
+
+Handler = Callable[[Message], Awaitable[object]]
+GiveUpHook = Callable[[Message], object]
+
+
+class _Inbox:
+    """Messages waiting for the application (RDY bounds how many).
+
+    Any number of tasks may wait in :meth:`get` at once (``run(concurrency=N)`` has N
+    workers): each waits on its own event, ``put`` wakes one of them per message and
+    ``close`` wakes them all.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._items: deque[Message] = deque()
+        self._waiters: deque[EventLike] = deque()
+        self.closed = False
+        self._taken = 0
+
+    def put(self, item: Message) -> None:
+        self._items.append(item)
+        if self._waiters:
+            self._waiters.popleft().set()
+
+    def close(self) -> None:
+        self.closed = True
+        while self._waiters:
+            self._waiters.popleft().set()
+
+    def drain(self) -> list[Message]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    async def get(self) -> Message | None:
+        """The next message, or None once closed and empty."""
+        self._taken += 1
+        if self._items and self._taken % _CHECKPOINT_EVERY:
+            # no checkpoint: answers given meanwhile go out together when this task waits
+            return self._items.popleft()
+        await self._backend.checkpoint()
+        while not self._items:
+            if self.closed:
+                return None
+            event = self._backend.event()
+            self._waiters.append(event)
+            try:
+                await event.wait()
+            except BaseException:
+                if event.is_set():
+                    # woken for a message, then cancelled: hand the wake-up on
+                    if self._items and self._waiters:
+                        self._waiters.popleft().set()
+                else:
+                    with suppress(ValueError):
+                        self._waiters.remove(event)
+                raise
+        return self._items.popleft()
+
+    async def get_many(self, limit: int) -> list[Message]:
+        """Wait for the next message, then take up to ``limit`` of those waiting (an empty
+        list once closed and empty)."""
+        first = await self.get()
+        if first is None:
+            return []
+        items = self._items
+        if len(items) < limit:
+            out = [first, *items]
+            items.clear()
+            return out
+        out = [first]
+        popleft = items.popleft
+        for _ in range(limit - 1):
+            out.append(popleft())
+        return out

@@ -1,0 +1,190 @@
+"""The producer: a sans-IO producer core driven on a backend, with the application's API."""
+
+from __future__ import annotations
+
+import random
+import ssl
+from collections.abc import Iterable, Mapping
+from typing import Any, Self, Unpack
+
+from nsq_proto import (
+    Event,
+    LocalProtocolError,
+    NSQError,
+    ProducerConfig,
+    PublishFailed,
+    PublishSucceeded,
+    TraceReceipt,
+)
+from nsq_proto import Producer as ProducerCore
+
+from ._backend import Backend, EventLike
+from ._client import ClientBase
+from ._driver import Driver
+from ._options import ProducerOptions, build_config, tls_context
+from ._stats import ProducerStats
+
+__all__ = ["Producer"]
+
+
+class _Waiter:
+    __slots__ = ("done", "error", "receipt")
+
+    def __init__(self, done: EventLike) -> None:
+        self.done = done
+        self.receipt: TraceReceipt | None = None
+        self.error: NSQError | None = None
+
+
+class Producer(ClientBase):
+    """Publish to nsqd over a pool of pipelined connections.
+
+    Every option of :class:`nsq_proto.ProducerConfig` is a keyword argument of the same name.
+    Give ``nsqd_tcp_addresses`` (failover across them), and ``lookupd_http_addresses`` for
+    topics of the partitioned server.  Failures raise :class:`nsq_proto.NSQError`
+    subclasses: ``ServerError`` (nsqd refused it), ``ConnectionClosedError``,
+    ``PublishTimeout``, ``LocalProtocolError`` (bad arguments).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        nsqd_tcp_addresses: Iterable[str] = (),
+        lookupd_http_addresses: Iterable[str] = (),
+        tls: bool | ssl.SSLContext | None = None,
+        tls_hostname: str | None = None,
+        rng: random.Random | None = None,
+        config: ProducerConfig | None = None,
+        agent: str = "nsq_client",
+        **options: Unpack[ProducerOptions],
+    ) -> None:
+        super().__init__(backend)
+        use_tls, context = tls_context(backend, tls)
+        self.config = build_config(
+            ProducerConfig, backend, config, options, tls=use_tls, agent=agent
+        )
+        self._core = ProducerCore(
+            self.config,
+            nsqd_tcp_addresses=nsqd_tcp_addresses,
+            lookupd_http_addresses=lookupd_http_addresses,
+            rng=rng,
+        )
+        self._driver = Driver(
+            backend, self._core, self._on_event, ssl_context=context, tls_hostname=tls_hostname
+        )
+        self._waiters: dict[int, _Waiter] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        await self._enter()
+        self._core.start(self._backend.current_time())
+        self._driver.wake()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        await self.aclose()
+        return await self._exit(exc_info)
+
+    async def aclose(self) -> None:
+        """Wait (shielded, up to ``publish_timeout``) for what is in flight, then close."""
+        if self._closed:
+            return
+        self._closed = True
+        backend = self._backend
+        with backend.cancel_scope(shield=True):
+            now = backend.current_time()
+            with backend.cancel_scope(deadline=now + self.config.publish_timeout):
+                while self._waiters:
+                    await next(iter(self._waiters.values())).done.wait()
+            self._core.close(backend.current_time())
+            with backend.cancel_scope(deadline=backend.current_time() + 5.0):
+                await self._driver.flush()
+            await self._driver.aclose()
+
+    def _on_event(self, event: Event) -> None:
+        if type(event) is PublishSucceeded:
+            waiter = self._waiters.pop(event.request_id, None)
+            if waiter is not None:
+                waiter.receipt = event.receipt
+                waiter.done.set()
+        elif type(event) is PublishFailed:
+            waiter = self._waiters.pop(event.request_id, None)
+            if waiter is not None:
+                waiter.error = event.error
+                waiter.done.set()
+
+    async def _wait(self, request_id: int) -> TraceReceipt | None:
+        waiter = _Waiter(self._backend.event())
+        self._waiters[request_id] = waiter
+        self._driver.wake()
+        try:
+            await waiter.done.wait()
+        finally:
+            self._waiters.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.receipt
+
+    def _check_open(self) -> None:
+        if self._closed or self._tg is None:
+            raise LocalProtocolError("use the producer inside 'async with'")
+
+    async def publish(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        delay: float | None = None,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> TraceReceipt | None:
+        """PUB (DPUB with ``delay`` seconds; PUB_TRACE with ``trace_id``, which returns the
+        trace receipt).  Returns once nsqd acknowledged it."""
+        self._check_open()
+        rid = self._core.publish(
+            topic,
+            body,
+            self._clock(),
+            delay=delay,
+            partition=partition,
+            sharding_key=sharding_key,
+            trace_id=trace_id,
+            ext=ext,
+        )
+        return await self._wait(rid)
+
+    async def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        *,
+        partition: int | None = None,
+        sharding_key: bytes | str | None = None,
+        trace_ids: Iterable[int] | None = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> TraceReceipt | None:
+        """MPUB (MPUB_TRACE with ``trace_ids``): all or nothing, once nsqd acknowledged it."""
+        self._check_open()
+        rid = self._core.publish_many(
+            topic,
+            bodies,
+            self._clock(),
+            partition=partition,
+            sharding_key=sharding_key,
+            trace_ids=trace_ids,
+            ext=ext,
+        )
+        return await self._wait(rid)
+
+    def stats(self) -> ProducerStats:
+        """Publishes waiting and each connection's state, as a JSON-ready dict."""
+        return {
+            "pending": self._core.pending,
+            "connections": [
+                {"conn_id": c, "address": f"{a[0]}:{a[1]}", "state": s, "outstanding": n}
+                for c, a, s, n in self._core.connections()
+            ],
+        }
