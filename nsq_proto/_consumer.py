@@ -1,10 +1,11 @@
 """The consumer core: every connection of one topic/channel subscription, without I/O.
 
 It owns discovery (a fixed nsqd list with reconnect backoff, or lookupd polling), the
-connections (one :class:`Connection` each), RDY distribution, backoff, in-flight bookkeeping,
-max_attempts, ordered consumption on the partitioned server and the graceful stop.  Like the
-connection it is driven by transport events, application calls and timers, each taking ``now``,
-and it speaks through one ordered output queue.
+connections (one :class:`Connection` each), in-flight bookkeeping, max_attempts, ordered
+consumption on the partitioned server and the graceful stop.  RDY distribution and backoff are
+decided by its :class:`~nsq_proto._rdy.RdyPlanner` (``_rdy.py``), which it tells what happened.
+Like the connection it is driven by transport events, application calls and timers, each taking
+``now``, and it speaks through one ordered output queue.
 
 Where go-nsq refines the client guide, this core does what go-nsq does; those places say so.
 """
@@ -12,16 +13,14 @@ Where go-nsq refines the client guide, this core does what go-nsq does; those pl
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ._config import ConfigError, ConnectionConfig, check_seconds
 from ._connection import Connection
-from ._core import MultiConnectionCore, reconnect_delay
+from ._core import MultiConnectionCore, parse_address
 from ._errors import LocalProtocolError, LookupdError, NSQError
 from ._events import (
-    BackoffChanged,
     CloseWaitReceived,
     ConnectionClosed,
     ConnId,
@@ -42,37 +41,19 @@ from ._lookupd import (
 )
 from ._message import Message
 from ._names import check_channel, check_topic
-from ._outputs import Connect, Output
+from ._outputs import Connect
+from ._rdy import CAN_RDY, RdyPlanner
 from ._start_from import StartFrom
 from ._state import ConnectionState
-from ._timers import TimerKind, Timers
+from ._timers import TimerKind
 
 __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 
 _S = ConnectionState
-#: connections that count for the RDY share (go-nsq: every connected, non-closing conn)
-_ACTIVE = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
-_CAN_RDY = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
 #: the partitioned server's errors after which the topology must be looked up again
 _RELOOKUP_ERRORS = frozenset(
     {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
 )
-
-
-def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
-    """``"host:port"`` (or ``"[v6]:port"``) or a ``(host, port)`` pair, validated."""
-    if isinstance(address, tuple):
-        host, port = address
-    else:
-        host, sep, port_text = address.rpartition(":")
-        if not sep or not port_text.isdigit():
-            raise ConfigError(f"address {address!r} is not host:port")
-        port = int(port_text)
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-    if not host or not isinstance(port, int) or not 0 < port < 65536:
-        raise ConfigError(f"address {address!r} is not host:port")
-    return host, port
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +164,8 @@ class _Conn:
     address: tuple[str, int]
     partition: int | None
     ordered: bool
+    #: the RdyPlanner's (see RdyConn): the last RDY, what is left of it, when it was sent
+    #: and when the last message arrived
     rdy: int = 0
     remaining: int = 0
     last_msg_at: float = 0.0
@@ -227,44 +210,49 @@ class Consumer(MultiConnectionCore[_Conn]):
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
-        self.config = config if config is not None else ConsumerConfig()
-        self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
-        lookupd = [parse_address(a) for a in lookupd_http_addresses]
-        if not self._nsqd and not lookupd:
-            raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
-        if self.config.start_from is not None and not lookupd:
+        self.config = cfg = config if config is not None else ConsumerConfig()
+        super().__init__(
+            nsqd_tcp_addresses=nsqd_tcp_addresses,
+            lookupd_http_addresses=lookupd_http_addresses,
+            lookupd_timeout=cfg.lookupd_poll_timeout,
+            user_agent=cfg.user_agent,
+            reconnect_delay=cfg.reconnect_delay,
+            max_reconnect_delay=cfg.max_reconnect_delay,
+            reconnect_jitter=cfg.reconnect_jitter,
+            rng=rng,
+        )
+        if cfg.start_from is not None and not self._lookupd:
             # the position is set over the HTTP API of each partition's leader, which lookupd
             # names (its TCP SUB_ADVANCED form applies it to the wrong partition)
             raise ConfigError("start_from needs lookupd_http_addresses")
-        if self.config.ordered and self._nsqd and not lookupd and not self.config.partitions:
+        if cfg.ordered and self._nsqd and not self._lookupd and not cfg.partitions:
             # SUB_ORDERED names a partition: without lookupd to learn them, say which
             raise ConfigError(
                 "ordered=True with nsqd_tcp_addresses needs partitions=[...] "
                 "(or lookupd_http_addresses, to learn the topic's partitions)"
             )
-        self._rng = rng if rng is not None else random.Random()
-        self._outputs: deque[Output] = deque()
-        self._timers = Timers()
-        self._conns: dict[ConnId, _Conn] = {}
         self._by_key: dict[str, ConnId] = {}
-        self._next_conn_id = 1
-        self._init_lookupd(lookupd, self.config.lookupd_poll_timeout, self.config.user_agent)
-        self._reconnect_attempts: dict[str, int] = {}
         #: connections found through lookupd that were lost and have not come back
         self._lost_keys: set[str] = set()
         self._recheck_attempt = 0
-        self._max_in_flight = self.config.max_in_flight
-        self._total_rdy = 0
-        self._backoff_level = 0
-        self._need_redistribute = False
-        self._ordered_required = self.config.ordered
+        self._rdy = RdyPlanner(
+            self._conns,
+            self._timers,
+            self._outputs,
+            self._rng,
+            max_in_flight=cfg.max_in_flight,
+            backoff=cfg.backoff,
+            backoff_multiplier=cfg.backoff_multiplier,
+            max_backoff_duration=cfg.max_backoff_duration,
+            low_rdy_idle_timeout=cfg.low_rdy_idle_timeout,
+            low_rdy_timeout=cfg.low_rdy_timeout,
+            rdy_redistribute_interval=cfg.rdy_redistribute_interval,
+        )
+        self._ordered_required = cfg.ordered
         #: partition -> its start_from position is applied ("done") or being applied
         self._seeks: dict[int, str] = {}
         #: the latest lookup said the topic is extended
         self._extend_support = False
-        self._now = 0.0
-        self._share: int | None = None
-        self._started = False
         self._stopping = False
         self._stopped = False
         self.messages_received = 0
@@ -292,14 +280,9 @@ class Consumer(MultiConnectionCore[_Conn]):
                 address, partition = arg
                 self._connect(address, partition, now)
             elif kind is TimerKind.BACKOFF_END:
-                self._backoff_window_over(now)
+                self._rdy.backoff_window_over(now)
             elif kind is TimerKind.RDY_REDISTRIBUTE:
-                self._redistribute(now)
-                if not self._stopping:
-                    self._timers.set(
-                        (TimerKind.RDY_REDISTRIBUTE, None),
-                        now + self.config.rdy_redistribute_interval,
-                    )
+                self._rdy.redistribute(now)
             elif kind is TimerKind.STOP_TIMEOUT:
                 self._stop_timeout(now)
 
@@ -317,9 +300,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                 self._connect(address, partition, now)
         if self._lookupd:
             self._poll(now)
-        self._timers.set(
-            (TimerKind.RDY_REDISTRIBUTE, None), now + self.config.rdy_redistribute_interval
-        )
+        self._rdy.start(now)
 
     def _poll(self, now: float) -> None:
         if self._stopping:
@@ -500,14 +481,14 @@ class Consumer(MultiConnectionCore[_Conn]):
         """Move a connection's outputs to ours, reacting to its events on the way."""
         conn = rec.conn
         out = self._outputs
+        rdy = self._rdy
         max_attempts = self.config.max_attempts
         while (item := conn.next_output()) is not None:
             if type(item) is MessageReceived:
                 message = item.message
-                rec.remaining = rec.remaining - 1 if rec.remaining > 0 else 0
-                rec.last_msg_at = now
                 self.messages_received += 1
                 if max_attempts and message.attempts > max_attempts:
+                    rdy.message_received(rec, now, False)
                     self.messages_given_up += 1
                     finish = self.config.finish_given_up
                     if finish:
@@ -518,6 +499,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                     continue
                 held = rec.in_flight.get(message.id)
                 if rec.ordered and self._repeat(rec, held, message):
+                    rdy.message_received(rec, now, False)
                     continue
                 if held is not None:
                     # delivered again while a copy is held (msg_timeout passed, or the
@@ -525,10 +507,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                     rec.copies[message.id] = rec.copies.get(message.id, 1) + 1
                 rec.in_flight[message.id] = message
                 out.append(item)
-                # go-nsq refreshes RDY when a message arrives (not only once it is answered),
-                # so a consumer that holds messages to batch them still gets its full share
-                if rec.remaining <= 1 or rec.remaining < rec.rdy / 4:
-                    self._maybe_update_rdy(rec, now)
+                rdy.message_received(rec, now, True)
             elif isinstance(item, Ready):
                 out.append(item)
                 self._on_ready(rec, now)
@@ -577,20 +556,13 @@ class Consumer(MultiConnectionCore[_Conn]):
             rec.repeat_fins += 1
 
     def _on_ready(self, rec: _Conn, now: float) -> None:
-        self._share = None
         rec.ready_at = now
-        self._reconnect_attempts.pop(rec.key, None)
+        self._reconnects.connected((rec.address, rec.partition))
         if self._stopping:
             rec.conn.close("consumer stopping")
             return
         rec.conn.subscribe(self.topic, self.channel, rec.partition, ordered=rec.ordered)
-        # go-nsq's "pre-emptive signal": lower the others' share first, so that the budget
-        # for the newcomer exists; then the guide's RDY 1, so that no connection is favoured
-        for other in list(self._conns.values()):
-            if other is not rec:
-                self._maybe_update_rdy(other, now)
-        if self._max_in_flight > 0 and self._backoff_state() == "NORMAL":
-            self._update_rdy(rec, 1, now)
+        self._rdy.connection_ready(rec, now)
 
     def _on_error(self, rec: _Conn, event: ErrorReceived, now: float) -> None:
         if event.code == "E_SUB_ORDER_IS_MUST":
@@ -600,162 +572,27 @@ class Consumer(MultiConnectionCore[_Conn]):
             self.poll_lookupd_now(now, 1.0)
 
     def _on_closed(self, rec: _Conn, event: ConnectionClosed, now: float) -> None:
-        self._share = None
         self._conns.pop(rec.conn_id, None)
         if self._by_key.get(rec.key) == rec.conn_id:
             del self._by_key[rec.key]
-        self._total_rdy -= rec.rdy
-        rec.rdy = 0
+        # its RDY goes to the others (nothing is sent once stopping)
+        self._rdy.connection_closed(rec, now)
         # messages still held by the application come back from nsqd after msg_timeout
         rec.in_flight.clear()
         rec.copies.clear()
         if self._stopping:
             self._check_stopped(now)
             return
-        self._need_redistribute = True
         if self._lookupd and rec.address not in self._nsqd:
             # the guide: with lookupd, reconnect only if lookupd still lists it; go-nsq asks
             # lookupd again right after a close rather than waiting for the next poll
             self._lost_keys.add(rec.key)
             self._schedule_recheck(now)
         elif rec.address in self._nsqd:
-            attempt = self._reconnect_attempts.get(rec.key, 0) + 1
-            self._reconnect_attempts[rec.key] = attempt
-            cfg = self.config
-            delay = reconnect_delay(
-                attempt,
-                cfg.reconnect_delay,
-                cfg.max_reconnect_delay,
-                cfg.reconnect_jitter,
-                self._rng.random(),
-            )
-            self._timers.set((TimerKind.RECONNECT, (rec.address, rec.partition)), now + delay)
-        self._rebalance(now)
+            self._schedule_reconnect((rec.address, rec.partition), now)
 
-    # ------------------------------------------------------------------ RDY
-
-    def _active(self) -> list[_Conn]:
-        return [r for r in self._conns.values() if r.conn.state in _ACTIVE]
-
-    def _per_conn_max_in_flight(self) -> int:
-        # go-nsq: min(max(1, max_in_flight / conns), max_in_flight); cached, because it is
-        # asked after every answer and changes only when connections come and go
-        share = self._share
-        if share is None:
-            mif = self._max_in_flight
-            n = len(self._active()) or 1
-            share = self._share = min(max(1, mif // n), mif)
-        return share
-
-    def _backoff_state(self) -> str:
-        if (TimerKind.BACKOFF_END, None) in self._timers:
-            return "BACKOFF_TIMEOUT"
-        return "BACKOFF" if self._backoff_level > 0 else "NORMAL"
-
-    def _update_rdy(self, rec: _Conn, count: int, now: float) -> bool:
-        """Send RDY ``count`` if the invariants allow it (go-nsq's updateRDY)."""
-        if rec.conn.state not in _CAN_RDY:
-            return False
-        if rec.ordered and count > 1:
-            count = 1
-        features = rec.conn.features
-        max_rdy = features.max_rdy_count if features is not None else 2500
-        count = min(count, max_rdy)
-        max_possible = self._max_in_flight - self._total_rdy + rec.rdy
-        if 0 < max_possible < count:
-            count = max_possible
-        if max_possible <= 0 and count > 0:
-            self._need_redistribute = True
-            return False
-        rec.conn.ready(count)
-        self._total_rdy += count - rec.rdy
-        rec.rdy = count
-        rec.remaining = count
-        rec.last_rdy_at = now
-        return True
-
-    def _maybe_update_rdy(self, rec: _Conn, now: float) -> None:
-        if self._backoff_level > 0 or self._stopping:
-            return
-        if (TimerKind.BACKOFF_END, None) in self._timers:
-            return
-        count = self._per_conn_max_in_flight()
-        if rec.ordered:
-            count = min(count, 1)
-        remain = rec.remaining
-        last = rec.rdy
-        if count == last and remain == last:
-            return  # nothing consumed since the last RDY and the share did not change
-        # refill at 0/1 or below 25 % of the last RDY; shrink when the share fell
-        if remain <= 1 or remain < last / 4 or count < last:
-            self._update_rdy(rec, count, now)
-
-    def _rebalance(self, now: float, *, only_idle: bool = False) -> None:
-        """Bring every connection to the current share: shrink first, then grow (with
-        ``only_idle``, grow only connections at RDY 0: a connection still at its first RDY 1
-        waits for its first answered message, as the client guide says)."""
-        if self._backoff_level > 0 or self._stopping:
-            return
-        if (TimerKind.BACKOFF_END, None) in self._timers:
-            return
-        share = self._per_conn_max_in_flight()
-        conns = [r for r in self._conns.values() if r.conn.state in _CAN_RDY]
-        for rec in conns:
-            if rec.rdy > share:
-                self._update_rdy(rec, share, now)
-        if self._total_rdy > self._max_in_flight:
-            # more connections than max_in_flight: take RDY back from the idlest ones
-            for rec in sorted(conns, key=lambda r: r.last_msg_at):
-                if self._total_rdy <= self._max_in_flight:
-                    break
-                if rec.rdy:
-                    self._update_rdy(rec, 0, now)
-                    self._need_redistribute = True
-        for rec in conns:
-            if rec.rdy < share and (rec.rdy == 0 or not only_idle):
-                self._update_rdy(rec, share, now)
-
-    def _redistribute(self, now: float) -> None:
-        """go-nsq's redistributeRDY: rotate RDY to idle-free connections when there are more
-        connections than max_in_flight, or while in backoff with several connections."""
-        if self._stopping or (TimerKind.BACKOFF_END, None) in self._timers:
-            return
-        conns = [r for r in self._conns.values() if r.conn.state in _CAN_RDY]
-        if not conns:
-            return
-        if len(conns) > self._max_in_flight:
-            self._need_redistribute = True
-        if self._backoff_level > 0 and len(conns) > 1:
-            self._need_redistribute = True
-        if self._backoff_level > 0 and self._total_rdy == 0:
-            self._need_redistribute = True  # never stay at RDY 0 everywhere in backoff
-        if not self._need_redistribute:
-            if self._backoff_level == 0:
-                self._rebalance(now, only_idle=True)
-            return
-        self._need_redistribute = False
-        cfg = self.config
-        possible = []
-        for rec in conns:
-            if rec.rdy > 0 and (
-                now - rec.last_msg_at > cfg.low_rdy_idle_timeout
-                or now - rec.last_rdy_at > cfg.low_rdy_timeout
-            ):
-                self._update_rdy(rec, 0, now)
-            possible.append(rec)
-        if self._backoff_level > 0:
-            available = 1 - self._total_rdy
-        elif len(conns) <= self._max_in_flight:
-            self._rebalance(now)
-            return
-        else:
-            available = self._max_in_flight - self._total_rdy
-        while possible and available > 0:
-            rec = possible.pop(self._rng.randrange(len(possible)))
-            if rec.rdy > 0:
-                continue
-            if self._update_rdy(rec, 1, now):
-                available -= 1
+    # ------------------------------------------------------------------ RDY and backoff
+    # (decided by the RdyPlanner of _rdy.py; the consumer tells it what happened)
 
     def set_max_in_flight(self, max_in_flight: int, now: float) -> None:
         """Change max_in_flight (0 pauses the consumer)."""
@@ -766,78 +603,19 @@ class Consumer(MultiConnectionCore[_Conn]):
             or max_in_flight < 0
         ):
             raise ConfigError(f"max_in_flight must be an int >= 0, not {max_in_flight!r}")
-        self._max_in_flight = max_in_flight
-        self._share = None
-        if self._backoff_level > 0 or (TimerKind.BACKOFF_END, None) in self._timers:
-            if max_in_flight == 0:
-                for rec in self._conns.values():
-                    if rec.rdy:
-                        self._update_rdy(rec, 0, now)
-            return
-        self._rebalance(now)
-        self._need_redistribute = True
+        self._rdy.set_max_in_flight(max_in_flight, now)
 
     @property
     def max_in_flight(self) -> int:
-        return self._max_in_flight
+        return self._rdy.max_in_flight
 
     @property
     def total_rdy(self) -> int:
-        return self._total_rdy
-
-    # ------------------------------------------------------------------ backoff
+        return self._rdy.total_rdy
 
     @property
     def backoff_level(self) -> int:
-        return self._backoff_level
-
-    def _backoff_duration(self, level: int) -> float:
-        cfg = self.config
-        return float(min(cfg.max_backoff_duration, cfg.backoff_multiplier * 2**level))
-
-    def _backoff_signal(self, success: bool, now: float) -> None:
-        """go-nsq's startStopContinueBackoff: one result counts per backoff window."""
-        cfg = self.config
-        if not cfg.backoff or self._stopping:
-            return
-        if (TimerKind.BACKOFF_END, None) in self._timers:
-            return
-        level = self._backoff_level
-        updated = False
-        if success:
-            if level > 0:
-                level -= 1
-                updated = True
-        elif self._backoff_duration(level + 1) <= cfg.max_backoff_duration or level == 0:
-            level += 1
-            updated = True
-        else:
-            updated = True  # at the cap: stay there, but start another window
-        self._backoff_level = level
-        if level == 0 and updated:
-            self._outputs.append(BackoffChanged(0, 0.0))
-            self._rebalance(now)
-        elif level > 0:
-            duration = self._backoff_duration(level)
-            for rec in self._conns.values():
-                if rec.rdy:
-                    self._update_rdy(rec, 0, now)
-            self._timers.set((TimerKind.BACKOFF_END, None), now + duration)
-            self._outputs.append(BackoffChanged(level, duration))
-
-    def _backoff_window_over(self, now: float) -> None:
-        if self._stopping:
-            return
-        if self._max_in_flight == 0:
-            return
-        conns = [r for r in self._conns.values() if r.conn.state in _CAN_RDY]
-        if not conns:
-            # nothing to test the waters with: try again in a second (go-nsq)
-            self._timers.set((TimerKind.BACKOFF_END, None), now + 1.0)
-            return
-        choice = conns[self._rng.randrange(len(conns))]
-        if not self._update_rdy(choice, 1, now):
-            self._timers.set((TimerKind.BACKOFF_END, None), now + 1.0)
+        return self._rdy.backoff_level
 
     # ------------------------------------------------------------------ message answers
 
@@ -881,7 +659,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         if rec.ordered:
             self._finish_repeat(rec, msg_id)
         if not stale:
-            self._backoff_signal(True, now)
+            self._rdy.success(now)
         self._after_answer(rec, now)
         return True
 
@@ -923,7 +701,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             rec.conn.finish_many(ids)
             self.messages_finished += len(ids)
         if fresh:
-            self._backoff_signal(True, now)
+            self._rdy.success(now)
         for rec, _ in bulk.values():
             self._after_answer(rec, now)
         if error is not None:
@@ -966,7 +744,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         if backoff:
             # RDY 0 goes out before the REQ (go-nsq sends it after): otherwise nsqd may hand
             # out another message in the slot the REQ frees, inside the backoff window
-            self._backoff_signal(False, now)
+            self._rdy.failure(now)
         rec.conn.requeue(msg_id, delay)
         self._after_answer(rec, now)
         return True
@@ -1026,7 +804,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                 rec.conn.close("consumer stopped")
                 self._pump(rec, now)
         else:
-            self._maybe_update_rdy(rec, now)
+            self._rdy.answered(rec, now)
         # the commands wait in the connection's buffer: the next outputs() call sends every
         # answer given since in one write
 
@@ -1050,13 +828,12 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._timers.cancel_kind(TimerKind.LOOKUPD_POLL)
         self._timers.cancel_kind(TimerKind.LOOKUPD_RECHECK)
         self._timers.cancel_kind(TimerKind.RECONNECT)
-        self._timers.cancel_kind(TimerKind.BACKOFF_END)
-        self._timers.cancel_kind(TimerKind.RDY_REDISTRIBUTE)
+        self._rdy.stop()
         for rid in list(self._http):
             self._http_error(rid, LookupdError("consumer stopping"))
         for rec in list(self._conns.values()):
             state = rec.conn.state
-            if state in _CAN_RDY:
+            if state in CAN_RDY:
                 rec.conn.start_close()
             elif state not in (_S.CLOSING, _S.CLOSE_WAIT):
                 rec.conn.close("consumer stopping")
@@ -1078,7 +855,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             self._pump(rec, now)
         self._check_stopped(now)
 
-    def _check_stopped(self, now: float = 0.0) -> None:
+    def _check_stopped(self, now: float) -> None:
         if not self._stopping or self._stopped:
             return
         for rec in list(self._conns.values()):
@@ -1132,8 +909,12 @@ class Consumer(MultiConnectionCore[_Conn]):
         rec = self._conns.get(conn_id)
         return rec.conn if rec is not None else None
 
-    def close_connection(self, conn_id: ConnId, reason: str = "closed by the application") -> None:
+    def close_connection(
+        self, conn_id: ConnId, now: float, reason: str = "closed by the application"
+    ) -> None:
+        """Close one connection now (without CLS); it is replaced as any lost one is."""
+        self._now = now
         rec = self._conns.get(conn_id)
         if rec is not None:
             rec.conn.close(reason)
-            self._pump(rec, 0.0)
+            self._pump(rec, now)

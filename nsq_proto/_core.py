@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import random
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from ._connection import Connection
-from ._errors import LookupdError, NSQError
+from ._errors import ConfigError, LookupdError, NSQError
 from ._events import ConnId, LookupFailed
 from ._lookupd import (
     HttpResponseParser,
@@ -21,27 +23,130 @@ from ._lookupd import (
 from ._outputs import HttpRequest, Output
 from ._timers import TimerKind, Timers
 
-__all__ = ["ClientCore", "MultiConnectionCore"]
+__all__ = ["ClientCore", "MultiConnectionCore", "ReconnectScheduler", "parse_address"]
 
 #: requests in a row a lookupd learned from /listlookup may leave unanswered before it is dropped
 _MAX_LOOKUPD_FAILURES = 3
 
 
 class ClientCore(Protocol):
-    """The interface every driver (an adapter, the in-memory network) uses on a core."""
+    """The interface every driver (an adapter, the in-memory network) uses on a core:
+    :class:`~nsq_proto.Consumer` and :class:`~nsq_proto.Producer` implement it.
 
-    def start(self, now: float) -> None: ...
-    def next_output(self) -> Output | None: ...
-    def next_deadline(self) -> float | None: ...
-    def handle_timer(self, now: float) -> None: ...
-    def connection_made(self, conn_id: ConnId, now: float) -> None: ...
-    def tls_established(self, conn_id: ConnId, now: float) -> None: ...
-    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None: ...
+    A core does no I/O and reads no clock.  The driver feeds it what happened (transport
+    events, timers; the application makes its own calls, such as ``finish`` or ``publish``)
+    and carries out what it asks for, in order.  The contract, in the manner of h11's
+    ``receive_data``:
+
+    **Time.**  Every input takes ``now``: seconds on one monotonic clock of the driver's
+    choosing, never going backwards from one call to the next (the event loop's clock,
+    ``time.monotonic()``, or a virtual one).  Every deadline the core gives is on that clock.
+
+    **Order of calls.**  :meth:`start` once, first.  Then, for each connection, as the
+    outputs ask: a :class:`~nsq_proto.Connect` output -> :meth:`connection_made` once the TCP
+    connection is up (or :meth:`connection_lost` with the error if it could not be opened);
+    :meth:`receive_data` for every chunk read, in order; after a
+    :class:`~nsq_proto.StartTLS` output, no more bytes until the handshake is done (feed
+    ``StartTLS.buffered`` to the TLS layer first), then :meth:`tls_established`, then
+    :meth:`receive_data` with the decrypted bytes; and :meth:`connection_lost` once, when
+    the transport ends.  For each :class:`~nsq_proto.HttpRequest` output:
+    :meth:`http_data` for every chunk of the response, then ``http_data(request_id, b"",
+    now)`` at EOF; or :meth:`http_failed` if it could not be sent or read.  Calls may come
+    in any interleaving across connections and requests, and from inside the application's
+    event handlers.
+
+    **End of a connection.**  EOF on a TCP connection is ``connection_lost(conn_id, now,
+    None)``, not ``receive_data(conn_id, b"", now)`` (an empty chunk is not an end); a
+    transport error is ``connection_lost(conn_id, now, error)``.  After the core's own
+    :class:`~nsq_proto.Close` output the driver closes the transport and need not call
+    :meth:`connection_lost` (a call then is ignored).  Calls naming a connection or request
+    the core no longer knows (closed, timed out, answered) are ignored.
+
+    **What the calls raise.**  Nothing a server sends makes a call raise: bytes that break
+    the protocol close that one connection (a ``Close`` output and a
+    :class:`~nsq_proto.ConnectionClosed` event carrying the :class:`RemoteProtocolError`),
+    and a bad lookupd answer becomes a :class:`~nsq_proto.LookupFailed` event.  Driver bugs
+    raise :class:`LocalProtocolError`: :meth:`start` twice; :meth:`connection_made` or
+    :meth:`tls_established` for a connection not waiting for it.  Bytes fed to a connection
+    that cannot take them yet (before ``connection_made``, during the TLS handshake) are
+    dropped.  The application's calls raise :class:`LocalProtocolError` for misuse (e.g.
+    answering a message that is not in flight).
+
+    **Draining outputs.**  After every call (the driver's and the application's, including
+    :meth:`handle_timer`) take :meth:`next_output` until it returns None and carry each out
+    in queue order: an action (``Connect``, ``Send``, ``StartTLS``, ``Close``,
+    ``HttpRequest``) or an event for the application.  Commands the application issues
+    (FIN, REQ, RDY, ...) wait in their connection's buffer and come out as one ``Send``
+    when drained, so drain before blocking; nothing is lost by draining late, but nothing
+    is sent either.  A call made while draining (an event handler answering a message) adds
+    to the same queue.
+
+    **Deadlines.**  :meth:`next_deadline` is the absolute time (on the driver's clock) at
+    which :meth:`handle_timer` must next be called, or None when nothing is scheduled.  Ask
+    again after every call and every drain: any call may move it.  Calling
+    :meth:`handle_timer` early does nothing; calling it late fires everything that is due
+    by then (the connections' read and handshake timeouts first, then the core's own timers
+    in deadline order: reconnects, lookupd polls, backoff, RDY redistribution, request
+    timeouts), so a driver that wakes up late loses nothing."""
+
+    def start(self, now: float) -> None:
+        """Begin: connect to the configured nsqd and/or query lookupd.  Raises
+        :class:`LocalProtocolError` the second time."""
+        ...
+
+    def next_output(self) -> Output | None:
+        """The next action or event, in order; None when there is nothing to do."""
+        ...
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`handle_timer` must next be called (None: no timer is set)."""
+        ...
+
+    def handle_timer(self, now: float) -> None:
+        """Fire every timer due at ``now`` (none: nothing happens)."""
+        ...
+
+    def connection_made(self, conn_id: ConnId, now: float) -> None:
+        """The TCP connection a ``Connect`` asked for is up."""
+        ...
+
+    def tls_established(self, conn_id: ConnId, now: float) -> None:
+        """The TLS handshake a ``StartTLS`` asked for completed."""
+        ...
+
+    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
+        """Bytes read from the connection (after TLS), in order; never ``b""`` for EOF."""
+        ...
+
     def connection_lost(
         self, conn_id: ConnId, now: float, error: BaseException | None = None
-    ) -> None: ...
-    def http_data(self, request_id: int, data: bytes, now: float) -> None: ...
-    def http_failed(self, request_id: int, error: BaseException, now: float) -> None: ...
+    ) -> None:
+        """The transport ended: ``error`` None at EOF, else why (a failed dial included)."""
+        ...
+
+    def http_data(self, request_id: int, data: bytes, now: float) -> None:
+        """Bytes of the response to an ``HttpRequest``; ``b""`` at EOF."""
+        ...
+
+    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
+        """The ``HttpRequest`` could not be sent or its response not read."""
+        ...
+
+
+def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) or a ``(host, port)`` pair, validated."""
+    if isinstance(address, tuple):
+        host, port = address
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep or not port_text.isdigit():
+            raise ConfigError(f"address {address!r} is not host:port")
+        port = int(port_text)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+    if not host or not isinstance(port, int) or not 0 < port < 65536:
+        raise ConfigError(f"address {address!r} is not host:port")
+    return host, port
 
 
 @dataclass(slots=True)
@@ -63,12 +168,54 @@ R = TypeVar("R", bound=_HasConnection)
 
 class MultiConnectionCore(ABC, Generic[R]):
     """Routes transport events to the right :class:`Connection` and moves its outputs (through
-    :meth:`_pump`, where the subclass reacts to its events) to the one queue."""
+    :meth:`_pump`, where the subclass reacts to its events) to the one queue.
 
-    _conns: dict[ConnId, R]
-    _outputs: deque[Output]
-    _timers: Timers
-    _now: float
+    It owns what the consumer and the producer share: the output queue, the named timers,
+    the table of connections, the configured nsqd and lookupd, the lookupd HTTP calls, the
+    random source and the reconnect scheduler.  A subclass calls ``__init__`` first (it
+    validates the addresses), then adds its own state."""
+
+    def __init__(
+        self,
+        *,
+        nsqd_tcp_addresses: Iterable[str | tuple[str, int]],
+        lookupd_http_addresses: Iterable[str | tuple[str, int]],
+        lookupd_timeout: float,
+        user_agent: str | None,
+        reconnect_delay: float,
+        max_reconnect_delay: float,
+        reconnect_jitter: float,
+        rng: random.Random | None,
+    ) -> None:
+        """Raises :class:`ConfigError` for an address that is not ``host:port``, or when
+        neither nsqd nor lookupd addresses are given."""
+        #: the fixed nsqd list (the producer adds the nsqd lookupd names)
+        self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
+        #: every lookupd asked: the configured ones, then those learned from /listlookup
+        self._lookupd = [parse_address(a) for a in lookupd_http_addresses]
+        if not self._nsqd and not self._lookupd:
+            raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        self._seed_lookupd = list(self._lookupd)
+        self._rng = rng if rng is not None else random.Random()
+        self._outputs: deque[Output] = deque()
+        self._timers = Timers()
+        self._conns: dict[ConnId, R] = {}
+        self._next_conn_id = 1
+        #: the time given with the latest call (for work done on behalf of no call: draining)
+        self._now = 0.0
+        self._started = False
+        self._reconnects = ReconnectScheduler(
+            self._rng, reconnect_delay, max_reconnect_delay, reconnect_jitter
+        )
+        self._http: dict[int, _HttpCall] = {}
+        self._next_http_id = 1
+        self._http_timeout = lookupd_timeout
+        self._user_agent = user_agent or "nsq_proto"
+        #: a lookup answered like the partitioned cluster: ask it for the other lookupd too
+        self._cluster_seen = False
+        #: lookupd -> requests in a row that got no answer (a learned one is dropped at
+        #: _MAX_LOOKUPD_FAILURES; the configured ones are always kept)
+        self._lookupd_failures: dict[tuple[str, int], int] = {}
 
     @abstractmethod
     def _pump(self, rec: R, now: float) -> None:
@@ -77,31 +224,14 @@ class MultiConnectionCore(ABC, Generic[R]):
     def _after_input(self) -> None:
         """Called after bytes or a loss were fed in (the producer dispatches queued work)."""
 
+    # ------------------------------------------------------------------ reconnecting
+
+    def _schedule_reconnect(self, target: Hashable, now: float) -> None:
+        """Connect to ``target`` again after the scheduler's delay: the subclass gets it back
+        as the argument of a :attr:`TimerKind.RECONNECT` timer."""
+        self._timers.set((TimerKind.RECONNECT, target), now + self._reconnects.delay(target))
+
     # ------------------------------------------------------------------ lookupd HTTP
-
-    _lookupd: list[tuple[str, int]]
-    _seed_lookupd: list[tuple[str, int]]
-    _http: dict[int, _HttpCall]
-    _next_http_id: int
-    _http_timeout: float
-    _user_agent: str
-    _cluster_seen: bool
-    _lookupd_failures: dict[tuple[str, int], int]
-
-    def _init_lookupd(
-        self, addresses: list[tuple[str, int]], timeout: float, user_agent: str | None
-    ) -> None:
-        self._lookupd = addresses
-        self._seed_lookupd = list(addresses)
-        self._http = {}
-        self._next_http_id = 1
-        self._http_timeout = timeout
-        self._user_agent = user_agent or "nsq_proto"
-        #: a lookup answered like the partitioned cluster: ask it for the other lookupd too
-        self._cluster_seen = False
-        #: lookupd -> requests in a row that got no answer (a learned one is dropped at
-        #: _MAX_LOOKUPD_FAILURES; the configured ones are always kept)
-        self._lookupd_failures = {}
 
     def _http_request(
         self, address: tuple[str, int], data: bytes, topic: str | None, *, nsqd_call: Any = None
@@ -295,3 +425,30 @@ def reconnect_delay(attempt: int, base: float, cap: float, jitter: float, u: flo
     a uniform draw from the core's random source)."""
     delay: float = min(cap, base * 2.0 ** (attempt - 1))
     return delay * (1 - jitter * u)
+
+
+class ReconnectScheduler:
+    """How long to wait before connecting again to a target (an nsqd, or one slot or
+    partition of it) that was lost: :func:`reconnect_delay` of the attempts in a row.
+
+    :meth:`delay` counts one more attempt; :meth:`connected` starts the count again once a
+    connection to the target completed its handshake.  Used by both cores, which arm a
+    ``RECONNECT`` timer with the delay."""
+
+    __slots__ = ("_attempts", "_base", "_cap", "_jitter", "_rng")
+
+    def __init__(self, rng: random.Random, base: float, cap: float, jitter: float) -> None:
+        self._rng = rng
+        self._base = base
+        self._cap = cap
+        self._jitter = jitter
+        self._attempts: dict[Hashable, int] = {}
+
+    def delay(self, target: Hashable) -> float:
+        """Seconds until the next attempt at ``target`` (counts that attempt)."""
+        attempt = self._attempts[target] = self._attempts.get(target, 0) + 1
+        return reconnect_delay(attempt, self._base, self._cap, self._jitter, self._rng.random())
+
+    def connected(self, target: Hashable) -> None:
+        """A connection to ``target`` is up: the next loss waits ``base`` again."""
+        self._attempts.pop(target, None)

@@ -20,8 +20,7 @@ from typing import Any
 from . import _commands as cmd
 from ._config import ConfigError, ConnectionConfig, check_seconds
 from ._connection import Connection
-from ._consumer import parse_address
-from ._core import MultiConnectionCore, reconnect_delay
+from ._core import MultiConnectionCore
 from ._errors import (
     ConnectionClosedError,
     LocalProtocolError,
@@ -43,7 +42,7 @@ from ._lookupd import (
     build_lookup_request,
 )
 from ._names import check_topic
-from ._outputs import Connect, Output
+from ._outputs import Connect
 from ._partitioned import Hasher, partition_for_key
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
@@ -171,16 +170,18 @@ class Producer(MultiConnectionCore[_PConn]):
         lookupd_http_addresses: Iterable[str | tuple[str, int]] = (),
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config if config is not None else ProducerConfig()
-        self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
-        lookupd = [parse_address(a) for a in lookupd_http_addresses]
-        if not self._nsqd and not lookupd:
-            raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
-        self._rng = rng if rng is not None else random.Random()
-        self._conn_config = self.config.connection_config()
-        self._outputs: deque[Output] = deque()
-        self._timers = Timers()
-        self._conns: dict[ConnId, _PConn] = {}
+        self.config = cfg = config if config is not None else ProducerConfig()
+        super().__init__(
+            nsqd_tcp_addresses=nsqd_tcp_addresses,
+            lookupd_http_addresses=lookupd_http_addresses,
+            lookupd_timeout=cfg.lookupd_poll_timeout,
+            user_agent=cfg.user_agent,
+            reconnect_delay=cfg.reconnect_delay,
+            max_reconnect_delay=cfg.max_reconnect_delay,
+            reconnect_jitter=cfg.reconnect_jitter,
+            rng=rng,
+        )
+        self._conn_config = cfg.connection_config()
         self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
         self._queue: deque[_Request] = deque()
         #: ordered partitions with a request on the wire: (topic, partition) -> request id
@@ -188,13 +189,8 @@ class Producer(MultiConnectionCore[_PConn]):
         self._requests: dict[int, _Request] = {}
         self._routes: dict[str, _TopicRoute] = {}
         self._lookup_pending: set[str] = set()
-        self._init_lookupd(lookupd, self.config.lookupd_poll_timeout, self.config.user_agent)
-        self._reconnect_attempts: dict[tuple[tuple[str, int], int], int] = {}
-        self._next_conn_id = 1
         self._next_request_id = 1
         self._rr = 0
-        self._now = 0.0
-        self._started = False
         self._closing = False
         self._last_error: NSQError | None = None
         #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately
@@ -285,7 +281,7 @@ class Producer(MultiConnectionCore[_PConn]):
                     self._failed_on_connection(req, item.error)
             elif isinstance(item, Ready):
                 out.append(item)
-                self._reconnect_attempts.pop((rec.address, rec.slot), None)
+                self._reconnects.connected((rec.address, rec.slot))
                 self._permanent.pop((rec.address, rec.slot), None)
             elif isinstance(item, ConnectionClosed):
                 out.append(item)
@@ -294,11 +290,11 @@ class Producer(MultiConnectionCore[_PConn]):
                 permanent = permanent_cause(item.error)
                 if permanent is not None:
                     self._permanent[(rec.address, rec.slot)] = permanent
-                self._on_closed(rec)
+                self._on_closed(rec, now)
             else:
                 out.append(item)
 
-    def _on_closed(self, rec: _PConn) -> None:
+    def _on_closed(self, rec: _PConn, now: float) -> None:
         self._conns.pop(rec.conn_id, None)
         if self._slots.get((rec.address, rec.slot)) == rec.conn_id:
             del self._slots[(rec.address, rec.slot)]
@@ -307,19 +303,8 @@ class Producer(MultiConnectionCore[_PConn]):
         rec.outstanding.clear()
         if self._closing:
             return
-        key = (rec.address, rec.slot)
         if rec.address in self._nsqd or self._wanted_address(rec.address):
-            attempt = self._reconnect_attempts.get(key, 0) + 1
-            self._reconnect_attempts[key] = attempt
-            cfg = self.config
-            delay = reconnect_delay(
-                attempt,
-                cfg.reconnect_delay,
-                cfg.max_reconnect_delay,
-                cfg.reconnect_jitter,
-                self._rng.random(),
-            )
-            self._timers.set((TimerKind.RECONNECT, key), self._now + delay)
+            self._schedule_reconnect((rec.address, rec.slot), now)
 
     def _wanted_address(self, address: tuple[str, int]) -> bool:
         return any(address in r.partitions.values() for r in self._routes.values())
