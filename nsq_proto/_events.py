@@ -33,7 +33,8 @@ ConnId = int
 
 
 class Event:
-    """Base class of every event.  Events are frozen dataclasses with slots."""
+    """Base class of every event.  Events are dataclasses with slots, frozen except
+    :class:`MessageReceived` (on the hot path; treat it as read-only too)."""
 
     __slots__ = ()
 
@@ -56,6 +57,14 @@ class Subscribed(Event):
 
 @dataclass(slots=True)  # hot path: not frozen (see Message); treat as read-only
 class MessageReceived(Event):
+    """nsqd delivered ``message`` on this connection.
+
+    It stays in flight until the application answers it (the consumer core's ``finish`` or
+    ``requeue``; ``touch`` resets its timeout); nsqd delivers it again once its msg_timeout
+    passes unanswered, or once the connection is lost.  The consumer core reports a message
+    with more attempts than ``max_attempts`` as :class:`MessageGivenUp` instead.
+    """
+
     conn_id: ConnId
     message: Message
 
@@ -69,14 +78,29 @@ class HeartbeatReceived(Event):
 
 @dataclass(frozen=True, slots=True)
 class PublishSucceeded(Event):
+    """nsqd acknowledged the publish ``request_id`` (the id ``publish*`` returned).
+
+    ``conn_id`` is the connection that carried it (the last one, after retries).
+    """
+
     conn_id: ConnId
     request_id: int
-    #: the traced-publish receipt for PUB_TRACE/MPUB_TRACE, else None
+    #: the traced-publish receipt for PUB_TRACE/MPUB_TRACE (and PUB_EXT with a
+    #: ``##trace_id``), else None
     receipt: TraceReceipt | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PublishFailed(Event):
+    """The publish ``request_id`` failed: ``error`` tells why (a ``ServerError`` nsqd
+    answered, a ``ConnectionClosedError``, the producer core's ``PublishTimeout``, ...).
+
+    A :class:`~nsq_proto.Connection` reports each failed request at once; the producer core
+    reports it once: after its retries (``max_attempts``, within ``publish_timeout``) are
+    spent, at once for an error that retrying cannot heal, or when it is closed.  ``conn_id``
+    is the connection it was last sent on (0 if it never was).
+    """
+
     conn_id: ConnId
     request_id: int
     error: NSQError

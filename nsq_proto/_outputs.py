@@ -47,7 +47,9 @@ class Close(Action):
 class Connect(Action):
     """Open a TCP connection (then call ``connection_made``, or ``connection_lost`` on failure).
 
-    ``tls`` tells whether the connection will be asked to start TLS after IDENTIFY.
+    ``timeout`` is the dial timeout in seconds (the configuration's ``dial_timeout``).  The
+    connection starts in plain TCP; when TLS was asked for and nsqd agrees, a
+    :class:`StartTLS` output for the same ``conn_id`` follows, after IDENTIFY.
     """
 
     conn_id: ConnId

@@ -1,6 +1,9 @@
 """The states of one nsqd connection and which commands each allows.
 
-This file is the only home of link transitions; it does not know about bytes.
+This file holds the states (:class:`ConnectionState`) and the table of the commands allowed
+in each (:data:`ALLOWED`, checked by :func:`check_command`); it does not know about bytes.
+The transitions themselves are made by :class:`~nsq_proto.Connection` (``_connection.py``),
+as frames arrive and commands are sent.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@
         .start()
     )
 
-Delivery is at-least-once both ways: see the "Spark source and sink" page of the documentation.
+Delivery is at-least-once both ways.  The options, the delivery guarantees and how to run it
+are in ``docs/spark.md`` (the "Spark source and sink" page of the documentation).
 """
 
 from __future__ import annotations

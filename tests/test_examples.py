@@ -1,0 +1,119 @@
+"""The programs in ``examples/``, run as a user runs them: separate processes talking to an
+emulated nsqd on loopback (its loop in a background thread of this process, so the tests can
+look at its channels)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from nsq_anyio._server import EmulatorCluster, serve_emulator
+from nsq_proto.testing import ChannelStats, TopicStats
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+T = TypeVar("T")
+
+
+class Emulator:
+    def __init__(self, portal: BlockingPortal, cluster: EmulatorCluster) -> None:
+        self.portal = portal
+        self.address = cluster.nsqd_tcp_addresses[0]
+        self.nsqd = cluster.nsqds[0]
+
+    def _on_loop(self, func: Callable[..., T], *args: Any) -> T:
+        async def run() -> T:
+            return func(*args)
+
+        return self.portal.call(run)
+
+    def topic_stats(self, topic: str) -> TopicStats:
+        return self._on_loop(self.nsqd.topic_stats, topic)
+
+    def channel_stats(self, topic: str, channel: str) -> ChannelStats:
+        return self._on_loop(self.nsqd.channel_stats, topic, channel)
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[Emulator]:
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(serve_emulator(lookupd=False)) as cluster,
+    ):
+        yield Emulator(portal, cluster)
+
+
+def run_example(name: str, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def publish(emulator: Emulator, topic: str, bodies: list[str]) -> None:
+    out = run_example("selectors_producer.py", emulator.address, topic, *bodies)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"published {len(bodies)} messages to {topic!r}\n"
+    assert out.stderr == ""
+
+
+def test_the_producer_publishes_every_body_then_exits_0(emulator: Emulator) -> None:
+    publish(emulator, "ex_pub", ["one", "two words", "three"])
+    stats = emulator.topic_stats("ex_pub")
+    # no channel yet: the topic keeps them
+    assert (stats.message_count, stats.depth, stats.message_bytes) == (3, 3, 17)
+
+
+def test_the_consumer_prints_each_body_in_order_and_leaves_nothing_behind(
+    emulator: Emulator,
+) -> None:
+    bodies = [f"message {i}" for i in range(1, 21)]
+    publish(emulator, "ex_all", bodies)
+    out = run_example("selectors_consumer.py", emulator.address, "ex_all", "archive", "20")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == bodies
+    assert out.stderr == ""
+    stats = emulator.channel_stats("ex_all", "archive")
+    assert (stats.depth, stats.in_flight_count, stats.requeue_count) == (0, 0, 0)
+    assert stats.message_count == 20
+    assert stats.client_count == 0  # it closed its connection on the way out
+
+
+def test_the_consumer_stops_after_count_and_the_rest_stays_queued(emulator: Emulator) -> None:
+    bodies = ["a", "b", "c", "d", "e"]
+    publish(emulator, "ex_part", bodies)
+    out = run_example("selectors_consumer.py", emulator.address, "ex_part", "archive", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["a", "b"]
+    stats = emulator.channel_stats("ex_part", "archive")
+    # it sent CLS before its last FIN: no third message was handed out (and requeued)
+    assert (stats.depth, stats.in_flight_count, stats.requeue_count) == (3, 0, 0)
+    out = run_example("selectors_consumer.py", emulator.address, "ex_part", "archive", "3")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["c", "d", "e"]
+    stats = emulator.channel_stats("ex_part", "archive")
+    assert (stats.depth, stats.in_flight_count) == (0, 0)
+
+
+def test_the_producer_exits_1_when_nsqd_cannot_be_reached() -> None:
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = run_example("selectors_producer.py", f"127.0.0.1:{port}", "t", "x", "--timeout", "1")
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert "message 1 failed: publish 1 not acknowledged in time" in out.stderr
+    assert "Connection refused" in out.stderr
