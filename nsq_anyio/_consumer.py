@@ -17,7 +17,7 @@ class Consumer(nsq_client.Consumer):
     def __init__(
         self, topic: str, channel: str, **arguments: Unpack[nsq_client.ConsumerArguments]
     ) -> None:
-        super().__init__(BACKEND, topic, channel, agent="nsq_anyio", **arguments)
+        super().__init__(BACKEND, topic, channel, **arguments)
 
 
 Consumer.__module__ = "nsq_anyio"

@@ -15,7 +15,7 @@ class Producer(nsq_client.Producer):
     __doc__ = nsq_client.Producer.__doc__
 
     def __init__(self, **arguments: Unpack[nsq_client.ProducerArguments]) -> None:
-        super().__init__(BACKEND, agent="nsq_anyio", **arguments)
+        super().__init__(BACKEND, **arguments)
 
 
 Producer.__module__ = "nsq_anyio"

@@ -66,14 +66,11 @@ class Consumer(ClientBase):
         on_give_up: GiveUpHook | None = None,
         rng: random.Random | None = None,
         config: ConsumerConfig | None = None,
-        agent: str = "nsq_client",
         **options: Unpack[ConsumerOptions],
     ) -> None:
         super().__init__(backend)
         use_tls, context = tls_context(backend, tls)
-        self.config = build_config(
-            ConsumerConfig, backend, config, options, tls=use_tls, agent=agent
-        )
+        self.config = build_config(ConsumerConfig, backend, config, options, tls=use_tls)
         self._core = ConsumerCore(
             topic,
             channel,
@@ -85,7 +82,12 @@ class Consumer(ClientBase):
         self.topic = topic
         self.channel = channel
         self._driver = Driver(
-            backend, self._core, self._on_event, ssl_context=context, tls_hostname=tls_hostname
+            backend,
+            self._core,
+            self._on_event,
+            ssl_context=context,
+            tls_hostname=tls_hostname,
+            write_timeout=self.config.write_timeout,
         )
         self._on_give_up = on_give_up
         self._inbox = _Inbox(backend)

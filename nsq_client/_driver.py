@@ -69,12 +69,14 @@ class Driver:
         *,
         ssl_context: Any = None,
         tls_hostname: str | None = None,
+        write_timeout: float = 10.0,
     ) -> None:
         self.backend = backend
         self.core = core
         self._on_event = on_event
         self._ssl_context = ssl_context
         self._tls_hostname = tls_hostname
+        self._write_timeout = write_timeout
         self._links: dict[int, _Link] = {}
         self._failures: tuple[type[BaseException], ...] = (TimeoutError, *backend.io_errors)
         self._wake: EventLike = backend.event()
@@ -144,7 +146,9 @@ class Driver:
             while True:
                 # once taken from the core, bytes must reach the socket even if this task is
                 # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
-                with backend.cancel_scope(deadline=backend.current_time() + 10.0, shield=True):
+                with backend.cancel_scope(
+                    deadline=backend.current_time() + self._write_timeout, shield=True
+                ):
                     await link.stream.send(data)
                 if not link.pending or link.upgrade:
                     break
@@ -162,7 +166,9 @@ class Driver:
         backend = self.backend
         if link.sending is not None and not link.closed:
             # let the write under way (and what queued behind it) finish first
-            with backend.cancel_scope(deadline=backend.current_time() + 10.0, shield=True):
+            with backend.cancel_scope(
+                deadline=backend.current_time() + self._write_timeout, shield=True
+            ):
                 await link.sending.wait()
         link.closed = True
         if link.read_scope is not None:

@@ -11,8 +11,8 @@ import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict, TypeVar
 
-from nsq_proto import ConfigError, ConsumerConfig, ExtFilter, ProducerConfig, StartFrom, __version__
-from nsq_proto._config import DEFAULT_USER_AGENT, ConnectionConfig
+from nsq_proto import ConfigError, ConsumerConfig, ExtFilter, ProducerConfig, StartFrom
+from nsq_proto._config import ConnectionConfig
 
 from ._backend import Backend
 from ._message import GiveUpHook
@@ -35,6 +35,7 @@ class ConnectionOptions(TypedDict, total=False):
     heartbeat_interval: float | None
     read_timeout: float | None
     handshake_timeout: float
+    write_timeout: float
     snappy: bool
     deflate: bool
     deflate_level: int
@@ -138,7 +139,6 @@ def build_config(
     options: Mapping[str, Any],
     *,
     tls: bool,
-    agent: str,
 ) -> C:
     """The configuration of a client: ``config`` or the defaults, with ``options`` on top,
     TLS as the ``tls`` argument says, and IDENTIFY's names filled in from this machine."""
@@ -162,6 +162,4 @@ def build_config(
         values["client_id"] = hostname.split(".")[0]
     if base.hostname is None and "hostname" not in values:
         values["hostname"] = hostname
-    if base.user_agent in (None, DEFAULT_USER_AGENT) and "user_agent" not in values:
-        values["user_agent"] = f"{agent}/{__version__}"
     return dataclasses.replace(base, tls_v1=tls, **values)

@@ -56,14 +56,11 @@ class Producer(ClientBase):
         tls_hostname: str | None = None,
         rng: random.Random | None = None,
         config: ProducerConfig | None = None,
-        agent: str = "nsq_client",
         **options: Unpack[ProducerOptions],
     ) -> None:
         super().__init__(backend)
         use_tls, context = tls_context(backend, tls)
-        self.config = build_config(
-            ProducerConfig, backend, config, options, tls=use_tls, agent=agent
-        )
+        self.config = build_config(ProducerConfig, backend, config, options, tls=use_tls)
         self._core = ProducerCore(
             self.config,
             nsqd_tcp_addresses=nsqd_tcp_addresses,
@@ -71,7 +68,12 @@ class Producer(ClientBase):
             rng=rng,
         )
         self._driver = Driver(
-            backend, self._core, self._on_event, ssl_context=context, tls_hostname=tls_hostname
+            backend,
+            self._core,
+            self._on_event,
+            ssl_context=context,
+            tls_hostname=tls_hostname,
+            write_timeout=self.config.write_timeout,
         )
         self._waiters: dict[int, _Waiter] = {}
         self._closed = False

@@ -25,6 +25,7 @@ from ._errors import InvalidName as InvalidName
 from ._errors import LocalProtocolError as LocalProtocolError
 from ._errors import LookupdError as LookupdError
 from ._errors import NSQError as NSQError
+from ._errors import NSQTimeout as NSQTimeout
 from ._errors import ProtocolError as ProtocolError
 from ._errors import ReadTimeout as ReadTimeout
 from ._errors import RemoteProtocolError as RemoteProtocolError
@@ -136,6 +137,7 @@ __all__ = [
     "MessageReceived",
     "NON_FATAL_ERRORS",
     "NSQError",
+    "NSQTimeout",
     "NegotiatedFeatures",
     "Output",
     "ProtocolError",

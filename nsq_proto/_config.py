@@ -14,7 +14,8 @@ from ._version import __version__
 
 __all__ = ["ConfigError", "ConnectionConfig", "DEFAULT_USER_AGENT", "check_seconds"]
 
-DEFAULT_USER_AGENT = f"nsq_proto/{__version__}"
+#: the user agent of every connection and lookupd request unless ``user_agent`` says otherwise
+DEFAULT_USER_AGENT = f"nsq-sansio/{__version__}"
 
 
 def check_seconds(config: object, names: tuple[str, ...], *, positive: bool) -> None:
@@ -50,6 +51,10 @@ class ConnectionConfig:
     #: the handshake (IDENTIFY, TLS, compression, AUTH) must be over this long after the TCP
     #: connection is up: a frozen nsqd (SIGSTOP) accepts connections and then says nothing
     handshake_timeout: float = 10.0
+    #: a write to nsqd (or lookupd) that takes longer than this fails the connection: the
+    #: bytes of a stop's FINs and REQs are written even while the client is being cancelled,
+    #: but not forever
+    write_timeout: float = 10.0
     tls_v1: bool = False
     snappy: bool = False
     deflate: bool = False
@@ -80,6 +85,9 @@ class ConnectionConfig:
         ht = self.handshake_timeout
         if isinstance(ht, bool) or not isinstance(ht, int | float) or not (0 < ht < math.inf):
             raise ConfigError(f"handshake_timeout must be a positive number of seconds, not {ht!r}")
+        wt = self.write_timeout
+        if isinstance(wt, bool) or not isinstance(wt, int | float) or not (0 < wt < math.inf):
+            raise ConfigError(f"write_timeout must be a positive number of seconds, not {wt!r}")
         if rt is not None and hb is not None and rt <= hb:
             raise ConfigError("read_timeout must be longer than heartbeat_interval")
         if self.snappy and self.deflate:

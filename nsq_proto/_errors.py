@@ -15,6 +15,7 @@ __all__ = [
     "ServerError",
     "ConnectionClosedError",
     "LookupdError",
+    "NSQTimeout",
     "ReadTimeout",
     "HandshakeTimeout",
     "AuthRequired",
@@ -88,7 +89,12 @@ class LookupdError(NSQError):
     """A lookupd answer could not be used (bad status, malformed or hostile JSON)."""
 
 
-class ReadTimeout(NSQError):
+class NSQTimeout(NSQError, TimeoutError):
+    """Something did not happen in time: the parent of every timeout of this library, and a
+    ``TimeoutError``, so ``except TimeoutError`` catches them too."""
+
+
+class ReadTimeout(NSQTimeout):
     """Nothing was read from the server within the read timeout (heartbeats included)."""
 
 

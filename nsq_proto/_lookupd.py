@@ -27,9 +27,9 @@ from urllib.parse import quote, urlencode
 
 import h11
 
+from ._config import DEFAULT_USER_AGENT
 from ._errors import LocalProtocolError, LookupdError
 from ._names import check_topic
-from ._version import __version__
 
 __all__ = [
     "ACCEPT_V1",
@@ -57,7 +57,6 @@ __all__ = [
 
 #: asks nsqlookupd for the bare v1 body and real HTTP status codes (both servers honour it)
 ACCEPT_V1: Final = "application/vnd.nsq; version=1.0"
-DEFAULT_USER_AGENT: Final = f"nsq-sansio/{__version__}"
 #: largest response body :class:`HttpResponseParser` and the parsers accept by default
 DEFAULT_MAX_BODY_SIZE: Final = 4 * 1024 * 1024
 

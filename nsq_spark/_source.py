@@ -53,6 +53,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 import nsq_anyio
+import nsq_proto
 
 from ._loop import LoopThread
 from ._options import SourceOptions
@@ -71,7 +72,7 @@ log = logging.getLogger("nsq_spark")
 SOURCE_COLUMNS = ("body", "id", "attempts", "timestamp", "topic", "nsqd", "partition", "trace_id")
 
 
-class ConnectTimeout(TimeoutError):
+class ConnectTimeout(nsq_proto.NSQTimeout):
     """The source found no nsqd to consume from within ``connect_timeout``."""
 
 

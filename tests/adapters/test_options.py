@@ -1,0 +1,86 @@
+"""The options of the adapters' Consumer and Producer as a user meets them: typos and misuse
+are a ConfigError naming the option, ``config=`` is accepted, the typed option lists match
+the configurations, and the classes say which public module they belong to."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from types import ModuleType
+
+import pytest
+
+import nsq_client
+from nsq_anyio._server import serve_emulator
+from nsq_proto import ConfigError, ConsumerConfig, ProducerConfig, __version__
+
+AT = {"nsqd_tcp_addresses": ["127.0.0.1:4150"]}
+
+
+def test_an_unknown_option_is_a_config_error_naming_it(lib: ModuleType) -> None:
+    with pytest.raises(ConfigError, match="unknown option max_in_fligth of ConsumerConfig"):
+        lib.Consumer("t", "c", max_in_fligth=10)
+    with pytest.raises(ConfigError, match="unknown options colour, size of ProducerConfig"):
+        lib.Producer(size=1, colour="red")
+
+
+def test_tls_v1_points_at_tls(lib: ModuleType) -> None:
+    with pytest.raises(ConfigError, match=r"give tls=True .* not tls_v1"):
+        lib.Consumer("t", "c", tls_v1=True)
+    assert lib.Consumer("t", "c", tls=True, **AT).config.tls_v1 is True
+    assert lib.Producer(**AT).config.tls_v1 is False
+
+
+def test_a_config_object_with_options_on_top(lib: ModuleType) -> None:
+    base = ConsumerConfig(max_in_flight=7, msg_timeout=20.0, user_agent="mine/1")
+    consumer = lib.Consumer("t", "c", config=base, msg_timeout=30.0, **AT)
+    assert consumer.config.max_in_flight == 7
+    assert consumer.config.msg_timeout == 30.0  # the keyword wins
+    assert consumer.config.user_agent == "mine/1"  # what the user set stays
+    assert consumer.config.client_id  # filled in from this machine, as without config=
+    producer = lib.Producer(config=ProducerConfig(pool_size=3), **AT)
+    assert producer.config.pool_size == 3
+    assert producer.config.user_agent == f"nsq-sansio/{__version__}"
+    with pytest.raises(ConfigError, match="config must be a ConsumerConfig, not ProducerConfig"):
+        lib.Consumer("t", "c", config=ProducerConfig())
+    with pytest.raises(ConfigError, match="max_in_flight"):
+        lib.Consumer("t", "c", config=base, max_in_flight=-1, **AT)  # checked as always
+
+
+@pytest.mark.parametrize(
+    ("options", "config"),
+    [(nsq_client.ConsumerOptions, ConsumerConfig), (nsq_client.ProducerOptions, ProducerConfig)],
+)
+def test_the_typed_options_are_the_configs_fields(options: type, config: type) -> None:
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    keys = typing.get_type_hints(options)
+    assert set(keys) == set(fields) - {"tls_v1"}
+    hints = typing.get_type_hints(config)
+    for name, hint in keys.items():
+        if name != "auth_secret":  # a str is taken too, and encoded
+            assert hint == hints[name], name
+
+
+@pytest.mark.anyio
+async def test_async_with_gives_the_object_and_stats_are_json_ready(lib: ModuleType) -> None:
+    import json
+
+    async with serve_emulator(lookupd=False) as cluster:
+        addresses = cluster.nsqd_tcp_addresses
+        consumer = lib.Consumer("t", "c", nsqd_tcp_addresses=addresses)
+        async with consumer as entered:
+            assert entered is consumer
+            stats = json.loads(json.dumps(consumer.stats()))
+            assert stats["topic"] == "t" and stats["connections"][0]["address"] in addresses
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish("t", b"x")
+            (conn,) = producer.stats()["connections"]
+            assert conn["address"] in addresses
+
+
+def test_the_classes_name_their_public_module(lib: ModuleType) -> None:
+    assert lib.Consumer.__module__ == lib.__name__
+    assert lib.Producer.__module__ == lib.__name__
+    assert lib.Message is nsq_client.Message
+    assert repr(nsq_client.Message).endswith("'nsq_client.Message'>")
+    assert nsq_client.Consumer.__module__ == "nsq_client"
