@@ -18,17 +18,15 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._names import is_valid_channel_name, is_valid_topic_name
+from ._http import HttpError, Request
 from ._lookupd import Lookupd
 from ._nsqd import Nsqd
 from ._options import NsqdOptions
 from ._protocol import NsqdConnection
 from ._store import Topic
-
-if TYPE_CHECKING:
-    from ._nsqd_http import _Request
 
 __all__ = ["Cluster", "TopicMeta"]
 
@@ -165,9 +163,9 @@ class Cluster:
             topic.next_internal_id = (p << COMMIT_LOG_ID_BITS) + 2  # nLogID + 1
             topic.write_disabled = not writable
             self._topics[(name, p)] = topic
-            node._begin(now)
+            node.begin_call(now)
             node.topics[(name, p)] = topic
-            node._end(now)
+            node.end_call(now)
         return meta
 
     def enable_writes(self, topic: str, enabled: bool = True) -> None:
@@ -184,11 +182,11 @@ class Cluster:
         meta = self._meta(topic)
         for p in range(meta.partition_num):
             node = self.nodes[meta.leaders[p]]
-            node._begin(now)
+            node.begin_call(now)
             try:
-                node._get_channel(self._topics[(topic, p)], channel, now)
+                node.get_channel(self._topics[(topic, p)], channel, now)
             finally:
-                node._end(now)
+                node.end_call(now)
 
     def _meta(self, topic: str) -> TopicMeta:
         meta = self.meta.get(topic)
@@ -205,24 +203,30 @@ class Cluster:
     def topic(self, topic: str, partition: int) -> Topic:
         return self._topics[(topic, partition)]
 
-    def node_index(self, node: Nsqd) -> int:
-        return self.nodes.index(node)
+    def node_index(self, node: object) -> int:
+        """The index of ``node`` in :attr:`nodes` (``ValueError`` if it is not one)."""
+        for index, candidate in enumerate(self.nodes):
+            if candidate is node:
+                return index
+        raise ValueError(f"{node!r} is not in list")
 
-    # -- called by nodes --------------------------------------------------------------------------
+    # -- asked by nodes (the Placement protocol) -----------------------------------------------
 
-    def _replica_topic(self, node: Nsqd, name: str, partition: int) -> Topic | None:
+    def replica_topic(self, node: object, name: str, partition: int) -> Topic | None:
+        """The partition's data if ``node`` holds a replica of it, else None."""
         meta = self.meta.get(name)
         if meta is None or not 0 <= partition < meta.partition_num:
             return None
-        if self.nodes.index(node) not in meta.replicas[partition]:
+        if self.node_index(node) not in meta.replicas[partition]:
             return None
         return self._topics[(name, partition)]
 
-    def _default_partition(self, node: Nsqd, name: str) -> int:
+    def default_partition(self, node: object, name: str) -> int:
+        """The first partition of ``name`` that ``node`` leads (-1: none)."""
         meta = self.meta.get(name)
         if meta is None:
             return -1
-        index = self.nodes.index(node)
+        index = self.node_index(node)
         for p, leader in enumerate(meta.leaders):
             if leader == index:
                 return p
@@ -241,7 +245,7 @@ class Cluster:
             return
         key = (topic, partition)
         data = self._topics[key]
-        old._begin(now)
+        old.begin_call(now)
         try:
             for channel in data.channels.values():
                 for cid, client in list(channel.clients.items()):
@@ -251,17 +255,17 @@ class Cluster:
                         client.in_flight_count = 0
             old.topics.pop(key, None)
         finally:
-            old._end(now)
+            old.end_call(now)
         meta.leaders[partition] = to_node
         if to_node not in meta.replicas[partition]:
             meta.replicas[partition].append(to_node)
-        new._begin(now)
+        new.begin_call(now)
         try:
             new.topics[key] = data
             for channel in data.channels.values():
-                new._dirty_channel(channel)
+                new.dirty_channel(channel)
         finally:
-            new._end(now)
+            new.end_call(now)
 
     def stop_node(
         self, index: int, now: float, *, lose_messages: bool = False, failover: bool = True
@@ -295,7 +299,22 @@ class Cluster:
             node.handle_timer(now)
         self._now = max(self._now, now)
 
-    # -- lookupd answers --------------------------------------------------------------------------
+    # -- asked by lookupds (the Coordinator protocol) ---------------------------------------------
+
+    def has_topic(self, topic: str) -> bool:
+        return topic in self.meta
+
+    def topic_names(self) -> list[str]:
+        return list(self.meta)
+
+    def topic_channels(self, topic: str) -> set[str]:
+        """The channels of every partition of ``topic`` (none if it is unknown)."""
+        meta = self.meta.get(topic)
+        names: set[str] = set()
+        if meta is not None:
+            for p in range(meta.partition_num):
+                names.update(self._topics[(topic, p)].channels)
+        return names
 
     def _peer(self, lookupd: Lookupd, node: Nsqd) -> dict[str, Any]:
         peer = lookupd.register(node)
@@ -311,18 +330,15 @@ class Cluster:
             "distributed_id": f"{o.broadcast_address}:{o.tcp_port + 20}:{o.tcp_port}:{o.node_id}",
         }
 
-    def _node_extra(self, node: Nsqd) -> dict[str, Any]:
+    def node_info(self, node: Nsqd) -> dict[str, Any]:
+        """What ``/nodes`` adds about ``node``: its distributed id."""
         o = node.options
         return {
             "distributed_id": f"{o.broadcast_address}:{o.tcp_port + 20}:{o.tcp_port}:{o.node_id}"
         }
 
-    def _lookupd_info(self, lookupd: Lookupd) -> dict[str, Any]:
-        return {"version": lookupd.version}
-
-    def _lookup(self, lookupd: Lookupd, req: _Request, topic: str, now: float) -> dict[str, Any]:
-        from ._nsqd_http import HttpError
-
+    def lookup(self, lookupd: Lookupd, req: Request, topic: str, now: float) -> dict[str, Any]:
+        """``/lookup?topic=&access=r|w&partition=&metainfo=``: each partition's leader."""
         access = req.get("access") or "r"
         if access not in ("r", "w"):
             raise HttpError(400, "INVALID_ACCESS_MODE")
@@ -370,7 +386,9 @@ class Cluster:
         result["producers"] = list(producers.values())
         return result
 
-    def _listlookup(self) -> dict[str, Any]:
+    def listlookup(self) -> dict[str, Any]:
+        """``/listlookup``: the lookupd nodes and their leader (the first running one)."""
+
         def entry(lookupd: Lookupd) -> dict[str, Any]:
             return {
                 "ID": f"{lookupd.broadcast_address}:{lookupd.rpc_port}:{lookupd.tcp_port}:nsqlookup",

@@ -5,26 +5,39 @@ role): bytes in, bytes out, keep-alive and ``Connection: close`` handled.  Respo
 built the way Go's ``net/http`` writes them, so header order matches a real server: the
 handler's headers sorted by name, then ``Date``, ``Content-Length``, a sniffed
 ``Content-Type``, and ``Connection: close`` when the connection ends.
+
+Both servers answer a request the same way: :class:`Request` parses it, :func:`route` finds
+the handler for its path and method (or answers 404/405), :func:`answer` runs the handler
+and turns its result, or the :class:`HttpError` it raises, into the response.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import h11
 
-from ._util import go_json
+from .._names import is_valid_channel_name, is_valid_topic_name
+from ._util import GoValueError, go_json, parse_query
 
 __all__ = [
     "HttpResponse",
     "HttpServerConnection",
     "HttpHandler",
+    "HttpError",
+    "Request",
+    "Responder",
+    "answer",
     "go_response",
     "respond_v1",
     "respond_plain",
+    "route",
+    "topic_channel_args",
     "REASONS",
 ]
+
+T = TypeVar("T")
 
 #: Go's ``http.StatusText`` for the statuses the emulators use
 REASONS = {
@@ -114,6 +127,100 @@ def respond_v1(
 def respond_plain(status: int, text: str, date: str | None) -> HttpResponse:
     """nsq's ``http_api.PlainText`` decorator."""
     return go_response(status, {}, text.encode("utf-8"), date)
+
+
+#: ``(status, data, date) -> HttpResponse``: how a server writes a handler's result
+Responder = Callable[[int, Any, str | None], HttpResponse]
+
+
+class HttpError(Exception):
+    """``http_api.Err{code, text}``: a handler's error answer."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+class Request:
+    """One HTTP request as the servers' handlers read it: method, path, query, headers."""
+
+    def __init__(
+        self, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> None:
+        self.method = method.upper()
+        path, _, query = target.partition("?")
+        self.path = path
+        self.raw_query = query
+        self.headers = headers
+        self.body = body
+        length = self.header("content-length")
+        try:
+            self.content_length = int(length) if length is not None else -1
+        except ValueError:
+            self.content_length = -1
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    def query(self) -> dict[str, list[str]]:
+        try:
+            return parse_query(self.raw_query)
+        except GoValueError:
+            raise HttpError(400, "INVALID_REQUEST") from None
+
+    def get(self, key: str) -> str | None:
+        values = self.query().get(key)
+        return values[0] if values else None
+
+
+def topic_channel_args(req: Request) -> tuple[str, str]:
+    """The ``topic`` and ``channel`` query arguments, checked as nsqd and nsqlookupd do."""
+    topic = req.get("topic")
+    if topic is None:
+        raise HttpError(400, "MISSING_ARG_TOPIC")
+    if not is_valid_topic_name(topic):
+        raise HttpError(400, "INVALID_ARG_TOPIC")
+    channel = req.get("channel")
+    if channel is None:
+        raise HttpError(400, "MISSING_ARG_CHANNEL")
+    if not is_valid_channel_name(channel):
+        raise HttpError(400, "INVALID_ARG_CHANNEL")
+    return topic, channel
+
+
+def route(
+    routes: Mapping[str, Mapping[str, T]], req: Request, date: str | None
+) -> T | HttpResponse:
+    """The route entry (path -> method -> entry) for ``req``, or the ``404`` (unknown path)
+    or ``405`` (method not allowed) response, as httprouter answers."""
+    methods = routes.get(req.path)
+    if methods is None:
+        return respond_v1(404, "NOT_FOUND", date)
+    entry = methods.get(req.method)
+    if entry is None:
+        allowed = ", ".join(sorted({*methods, "OPTIONS"}))
+        return respond_v1(405, "METHOD_NOT_ALLOWED", date, {"Allow": allowed})
+    return entry
+
+
+def answer(
+    call: Callable[[], Any], plain: bool, date: str | None, respond: Responder = respond_v1
+) -> HttpResponse:
+    """Run a handler: its result (or the :class:`HttpError` it raised) as plain text for a
+    ``plain`` route, else as ``respond`` writes it."""
+    try:
+        data = call()
+    except HttpError as err:
+        if plain:
+            return respond_plain(err.status, err.text, date)
+        return respond(err.status, err.text, date)
+    if plain:
+        return respond_plain(200, str(data), date)
+    return respond(200, data, date)
 
 
 class HttpServerConnection:

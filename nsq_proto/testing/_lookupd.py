@@ -14,23 +14,31 @@ status.  The partitioned flavour (see :class:`Cluster`) adds ``/lookup`` with ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._names import is_valid_topic_name
-from ._http import HttpResponse, HttpServerConnection, go_response, respond_plain, respond_v1
-from ._nsqd_http import HttpError, _Request, topic_channel_args
+from ._http import (
+    HttpError,
+    HttpResponse,
+    HttpServerConnection,
+    Request,
+    answer,
+    go_response,
+    respond_v1,
+    route,
+    topic_channel_args,
+)
+from ._nsqd import Nsqd
 from ._options import PARTITIONED_VERSION, STANDARD_VERSION
 from ._util import go_json, http_date
 
-if TYPE_CHECKING:
-    from ._cluster import Cluster
-    from ._nsqd import Nsqd
-
-__all__ = ["Lookupd", "Peer"]
+__all__ = ["Coordinator", "Lookupd", "Peer"]
 
 _Key = tuple[str, str, str]
+#: path -> method -> (handler, plain text, version-negotiated)
+_Routes = dict[str, dict[str, tuple[Any, bool, bool]]]
 
 
 @dataclass(eq=False)
@@ -52,6 +60,47 @@ class Peer:
             "http_port": o.http_port,
             "version": o.server_version,
         }
+
+
+class Coordinator(Protocol):
+    """What a partitioned nsqlookupd asks the coordinator of its cluster."""
+
+    @property
+    def lookupds(self) -> Sequence[Lookupd]:
+        """The cluster's nsqlookupd, the leader first."""
+
+    @property
+    def nodes(self) -> Sequence[Nsqd]: ...
+
+    def has_topic(self, topic: str) -> bool: ...
+
+    def topic_names(self) -> Iterable[str]: ...
+
+    def topic_channels(self, topic: str) -> Iterable[str]:
+        """The channels of every partition of ``topic`` (none if it is unknown)."""
+
+    def create_topic(
+        self,
+        name: str,
+        now: float,
+        *,
+        partitions: int = ...,
+        replicas: int = ...,
+        ordered: bool = ...,
+        ext: bool = ...,
+        disable_channel_auto_create: bool = ...,
+    ) -> object: ...
+
+    def create_channel(self, topic: str, channel: str, now: float) -> None: ...
+
+    def lookup(self, lookupd: Lookupd, req: Request, topic: str, now: float) -> dict[str, Any]:
+        """The ``/lookup`` answer (raises :class:`HttpError`)."""
+
+    def node_info(self, node: Nsqd) -> dict[str, Any]:
+        """What ``/nodes`` adds about ``node``."""
+
+    def listlookup(self) -> dict[str, Any]:
+        """The ``/listlookup`` answer."""
 
 
 class Lookupd:
@@ -79,7 +128,8 @@ class Lookupd:
         self.version = version or (PARTITIONED_VERSION if partitioned else STANDARD_VERSION)
         self.tombstone_lifetime = tombstone_lifetime
         self.wall_clock_offset = wall_clock_offset
-        self.cluster: Cluster | None = None
+        #: the partitioned cluster this nsqlookupd answers for, if any
+        self.cluster: Coordinator | None = None
         self.running = True
         #: HTTP requests answered (to check how hard clients poll)
         self.request_count = 0
@@ -132,7 +182,7 @@ class Lookupd:
         if not self._registrations.get(("client", "", ""), True):
             del self._registrations[("client", "", "")]
 
-    def nsqd_changed(self, nsqd: Nsqd, topic: str, channel: str | None, added: bool) -> None:
+    def nsqd_changed(self, nsqd: object, topic: str, channel: str | None, added: bool) -> None:
         """nsqd's REGISTER / UNREGISTER (called by the emulated nsqd)."""
         peer = self._by_nsqd.get(id(nsqd))
         if peer is None or peer.id not in self._peers:
@@ -156,12 +206,12 @@ class Lookupd:
         if removed and left == 0 and topic.endswith("#ephemeral"):
             self._registrations.pop(key, None)
 
-    def nsqd_stopped(self, nsqd: Nsqd) -> None:
+    def nsqd_stopped(self, nsqd: object) -> None:
         peer = self._by_nsqd.get(id(nsqd))
         if peer is not None:
             self._disconnect(peer)
 
-    def nsqd_started(self, nsqd: Nsqd) -> None:
+    def nsqd_started(self, nsqd: object) -> None:
         peer = self._by_nsqd.get(id(nsqd))
         if peer is not None:
             self._connect(peer)
@@ -185,14 +235,13 @@ class Lookupd:
     def topics(self) -> list[str]:
         names = {k[1] for k in self._registrations if k[0] == "topic"}
         if self.cluster is not None:
-            names.update(self.cluster.meta)
+            names.update(self.cluster.topic_names())
         return sorted(names)
 
     def channels(self, topic: str) -> list[str]:
         names = {k[2] for k in self._registrations if k[0] == "channel" and k[1] == topic}
-        if self.cluster is not None and topic in self.cluster.meta:
-            for p in range(self.cluster.meta[topic].partition_num):
-                names.update(self.cluster.topic(topic, p).channels)
+        if self.cluster is not None:
+            names.update(self.cluster.topic_channels(topic))
         return sorted(names)
 
     def producers(self, topic: str, now: float | None = None) -> list[Peer]:
@@ -222,26 +271,17 @@ class Lookupd:
         if now is not None:
             self._now = max(self._now, now)
         date = None if now is None else http_date(self.wall_clock_offset + now)
-        req = _Request(method, target, headers, body)
-        routes = self._routes()
-        methods = routes.get(req.path)
-        if methods is None:
-            return respond_v1(404, "NOT_FOUND", date)
-        entry = methods.get(req.method)
-        if entry is None:
-            allowed = ", ".join(sorted({*methods, "OPTIONS"}))
-            return respond_v1(405, "METHOD_NOT_ALLOWED", date, {"Allow": allowed})
-        func, plain, negotiate = entry
+        req = Request(method, target, headers, body)
+        found = route(self._routes(), req, date)
+        if isinstance(found, HttpResponse):
+            return found
+        func, plain, negotiate = found
         envelope = negotiate and not _accepts_v1(req)
-        try:
-            data = func(req, self._now)
-        except HttpError as err:
-            if plain:
-                return respond_plain(err.status, err.text, date)
-            return self._respond(err.status, err.text, date, envelope)
-        if plain:
-            return respond_plain(200, str(data), date)
-        return self._respond(200, data, date, envelope)
+
+        def respond(status: int, data: Any, date: str | None) -> HttpResponse:
+            return self._respond(status, data, date, envelope)
+
+        return answer(lambda: func(req, self._now), plain, date, respond)
 
     def _respond(
         self,
@@ -274,10 +314,10 @@ class Lookupd:
 
         return HttpServerConnection(respond, now)
 
-    def _routes(self) -> dict[str, dict[str, tuple[Any, bool, bool]]]:
+    def _routes(self) -> _Routes:
         """path -> method -> (handler, plain text, version-negotiated)"""
         negotiate = self.partitioned
-        routes: dict[str, dict[str, tuple[Any, bool, bool]]] = {
+        routes: _Routes = {
             "/ping": {"GET": (self._ping, True, False)},
             "/info": {"GET": (self._info, False, negotiate)},
             "/lookup": {"GET": (self._lookup, False, negotiate)},
@@ -295,29 +335,27 @@ class Lookupd:
             routes["/topic/create"]["PUT"] = routes["/topic/create"]["POST"]
         return routes
 
-    def _ping(self, req: _Request, now: float) -> str:
+    def _ping(self, req: Request, now: float) -> str:
         return "OK"
 
-    def _info(self, req: _Request, now: float) -> dict[str, Any]:
-        if self.partitioned and self.cluster is not None:
-            return self.cluster._lookupd_info(self)
+    def _info(self, req: Request, now: float) -> dict[str, Any]:
         return {"version": self.version}
 
-    def _topics(self, req: _Request, now: float) -> dict[str, Any]:
+    def _topics(self, req: Request, now: float) -> dict[str, Any]:
         return {"topics": self.topics()}
 
-    def _channels(self, req: _Request, now: float) -> dict[str, Any]:
+    def _channels(self, req: Request, now: float) -> dict[str, Any]:
         topic = req.get("topic")
         if topic is None:
             raise HttpError(400, "MISSING_ARG_TOPIC")
         return {"channels": self.channels(topic)}
 
-    def _lookup(self, req: _Request, now: float) -> dict[str, Any]:
+    def _lookup(self, req: Request, now: float) -> dict[str, Any]:
         topic = req.get("topic")
         if topic is None:
             raise HttpError(400, "MISSING_ARG_TOPIC")
         if self.partitioned and self.cluster is not None:
-            return self.cluster._lookup(self, req, topic, now)
+            return self.cluster.lookup(self, req, topic, now)
         if not self.has_topic(topic):
             raise HttpError(404, "TOPIC_NOT_FOUND")
         return {
@@ -325,7 +363,7 @@ class Lookupd:
             "producers": [p.info() for p in self.producers(topic, now)],
         }
 
-    def _nodes(self, req: _Request, now: float) -> dict[str, Any]:
+    def _nodes(self, req: Request, now: float) -> dict[str, Any]:
         nodes = []
         for peer in self._peers.values():
             topics = sorted(
@@ -335,13 +373,13 @@ class Lookupd:
             )
             info = peer.info()
             if self.partitioned and self.cluster is not None:
-                info.update(self.cluster._node_extra(peer.nsqd))
+                info.update(self.cluster.node_info(peer.nsqd))
             info["tombstones"] = [self._tombstoned(peer, t, now) for t in topics]
             info["topics"] = topics
             nodes.append(info)
         return {"producers": nodes}
 
-    def _topic_create(self, req: _Request, now: float) -> None:
+    def _topic_create(self, req: Request, now: float) -> None:
         topic = req.get("topic")
         if not topic:
             raise HttpError(400, "MISSING_ARG_TOPIC")
@@ -352,7 +390,7 @@ class Lookupd:
             return
         self._registrations.setdefault(("topic", topic, ""), {})
 
-    def _partitioned_topic_create(self, req: _Request, topic: str, now: float) -> None:
+    def _partitioned_topic_create(self, req: Request, topic: str, now: float) -> None:
         """``/topic/create?topic=&partition_num=&replicator=`` on the coordinator leader."""
 
         def number(key: str, missing: str, invalid: str, low: int, high: int) -> int:
@@ -382,7 +420,7 @@ class Lookupd:
             raise HttpError(500, "MISSING_COORDINATOR")
         if cluster.lookupds[0] is not self:
             raise HttpError(400, "E_FAILED_ON_NOT_LEADER")
-        if topic in cluster.meta:
+        if cluster.has_topic(topic):
             raise HttpError(400, "already exist")
         if replicas > len(cluster.nodes):
             raise HttpError(400, "no enough data nodes")
@@ -396,7 +434,7 @@ class Lookupd:
             disable_channel_auto_create=req.get("disable_channel_auto_create") == "true",
         )
 
-    def _topic_delete(self, req: _Request, now: float) -> None:
+    def _topic_delete(self, req: Request, now: float) -> None:
         topic = req.get("topic")
         if topic is None:
             raise HttpError(400, "MISSING_ARG_TOPIC")
@@ -405,20 +443,20 @@ class Lookupd:
         ]:
             del self._registrations[key]
 
-    def _channel_create(self, req: _Request, now: float) -> None:
+    def _channel_create(self, req: Request, now: float) -> None:
         topic, channel = topic_channel_args(req)
-        if self.cluster is not None and topic in self.cluster.meta:
+        if self.cluster is not None and self.cluster.has_topic(topic):
             self.cluster.create_channel(topic, channel, now)
             return
         self._registrations.setdefault(("channel", topic, channel), {})
         self._registrations.setdefault(("topic", topic, ""), {})
 
-    def _channel_delete(self, req: _Request, now: float) -> None:
+    def _channel_delete(self, req: Request, now: float) -> None:
         topic, channel = topic_channel_args(req)
         if self._registrations.pop(("channel", topic, channel), None) is None:
             raise HttpError(404, "CHANNEL_NOT_FOUND")
 
-    def _tombstone(self, req: _Request, now: float) -> None:
+    def _tombstone(self, req: Request, now: float) -> None:
         topic = req.get("topic")
         if topic is None:
             raise HttpError(400, "MISSING_ARG_TOPIC")
@@ -430,10 +468,10 @@ class Lookupd:
             if f"{o.broadcast_address}:{o.http_port}" == node:
                 peer.tombstones[topic] = now
 
-    def _listlookup(self, req: _Request, now: float) -> Any:
-        return None if self.cluster is None else self.cluster._listlookup()
+    def _listlookup(self, req: Request, now: float) -> Any:
+        return None if self.cluster is None else self.cluster.listlookup()
 
 
-def _accepts_v1(req: _Request) -> bool:
+def _accepts_v1(req: Request) -> bool:
     accept = req.header("accept")
     return accept is not None and accept.strip() == "application/vnd.nsq; version=1.0"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .._core import ClientCore
 from .._events import Event
@@ -36,12 +37,19 @@ class NetworkStalled(RuntimeError):
     """The system kept producing work past the step limit (a ping-pong bug)."""
 
 
+class _Link(NamedTuple):
+    """A client connection, as the server that accepted it sees it."""
+
+    nsqd: Nsqd
+    server: NsqdConnection
+
+
 @dataclass(eq=False)
 class _Attached:
     core: ClientCore
     on_event: Callable[[Event], None] | None
     events: list[Event] = field(default_factory=list)
-    links: dict[int, NsqdConnection] = field(default_factory=dict)
+    links: dict[int, _Link] = field(default_factory=dict)
 
 
 class MemoryNetwork:
@@ -116,8 +124,8 @@ class MemoryNetwork:
         nsqd.handle_timer(self.now)
         self.run_until_idle()
 
-    def _is_frozen(self, server: NsqdConnection) -> bool:
-        return server._nsqd in self._frozen
+    def _is_frozen(self, link: _Link) -> bool:
+        return link.nsqd in self._frozen
 
     # ------------------------------------------------------------------ running
 
@@ -167,9 +175,10 @@ class MemoryNetwork:
             while (out := client.core.next_output()) is not None:
                 moved = True
                 self._carry_out(client, out)
-            for conn_id, server in list(client.links.items()):
-                if self._frozen and self._is_frozen(server):
+            for conn_id, link in list(client.links.items()):
+                if self._frozen and self._is_frozen(link):
                     continue
+                server = link.server
                 data = server.data_to_send()
                 if data:
                     moved = True
@@ -193,18 +202,18 @@ class MemoryNetwork:
             else:
                 client.events.append(out)
         elif type(out) is Send:
-            server = client.links.get(out.conn_id)
-            if server is not None:
-                if self._frozen and self._is_frozen(server):
-                    self._frozen[server._nsqd].append((server, out.data))
+            link = client.links.get(out.conn_id)
+            if link is not None:
+                if self._frozen and self._is_frozen(link):
+                    self._frozen[link.nsqd].append((link.server, out.data))
                 else:
-                    server.receive_data(out.data, now)
+                    link.server.receive_data(out.data, now)
         elif isinstance(out, Connect):
             nsqd = self.nsqds.get((out.host, out.port))
             try:
                 if nsqd is None:
                     raise ConnectionRefusedError(f"nothing listens on {out.host}:{out.port}")
-                client.links[out.conn_id] = nsqd.accept(now)
+                client.links[out.conn_id] = _Link(nsqd, nsqd.accept(now))
             except ConnectionRefusedError as exc:
                 core.connection_lost(out.conn_id, now, exc)
                 return
@@ -212,12 +221,12 @@ class MemoryNetwork:
         elif isinstance(out, StartTLS):
             pass  # completed in _step once the server asks for the handshake too
         elif isinstance(out, Close):
-            server = client.links.pop(out.conn_id, None)
-            if server is not None:
-                if self._frozen and self._is_frozen(server):
-                    self._frozen[server._nsqd].append((server, None))
+            link = client.links.pop(out.conn_id, None)
+            if link is not None:
+                if self._frozen and self._is_frozen(link):
+                    self._frozen[link.nsqd].append((link.server, None))
                 else:
-                    server.connection_lost(now)
+                    link.server.connection_lost(now)
         elif isinstance(out, HttpRequest):
             self._http(core, out)
 

@@ -4,6 +4,11 @@ Everything runs on the caller's clock: each entry point takes ``now`` (seconds),
 whatever timer fell due before ``now`` (in time order, each at its own deadline), then does
 its work.  :meth:`Nsqd.next_deadline` tells the adapter when to call
 :meth:`Nsqd.handle_timer` next.
+
+Besides its own API, :class:`Nsqd` is what its parts see of it: the
+:class:`~._node.PartitionedNode` its connections use, the :class:`~._nsqd_http.HttpNode`
+its HTTP API answers for.  It sees its cluster and its nsqlookupd only as a
+:class:`~._node.Placement` and :class:`~._node.Registry`.
 """
 
 from __future__ import annotations
@@ -11,17 +16,17 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._names import is_valid_channel_name, is_valid_topic_name
-from ._http import HttpResponse, HttpServerConnection
+from ._http import HttpError, HttpResponse, HttpServerConnection
+from ._node import Placement, Registry
+from ._nsqd_http import handle_request, stats_object
 from ._options import NsqdOptions
-from ._protocol import ClientError, ClientState, NsqdConnection
+from ._partitioned import PartitionedConnection
+from ._protocol import NsqdConnection
 from ._store import Channel, StoredMessage, Topic
-
-if TYPE_CHECKING:
-    from ._cluster import Cluster
-    from ._lookupd import Lookupd
+from ._wire import ClientError, ClientState
 
 __all__ = ["Nsqd", "ChannelStats", "TopicStats", "ClientStats", "MessageInfo", "NsqdStopped"]
 
@@ -126,9 +131,10 @@ class Nsqd:
         #: ``now`` when the process started (``start_time`` in ``/stats`` and ``/info``)
         self.started_at = now
         self._depth = 0
-        self.lookupds: list[Lookupd] = []
+        #: the nsqlookupd this nsqd is registered with (see ``Lookupd.register``)
+        self.lookupds: list[Registry] = []
         #: the cluster this (partitioned) nsqd belongs to, if any
-        self.cluster: Cluster | None = None
+        self.cluster: Placement | None = None
 
     def __repr__(self) -> str:
         o = self.options
@@ -144,11 +150,11 @@ class Nsqd:
         """The earliest time :meth:`handle_timer` has work to do, or ``None``."""
         best: float | None = None
         for conn in self._conns.values():
-            d = conn._next_deadline()
+            d = conn.next_deadline()
             if d is not None and (best is None or d < best):
                 best = d
         for conn in self._draining:
-            d = conn._next_deadline()
+            d = conn.next_deadline()
             if d is not None and (best is None or d < best):
                 best = d
         for topic in self.topics.values():
@@ -161,10 +167,12 @@ class Nsqd:
     def handle_timer(self, now: float) -> None:
         """Run heartbeats, read timeouts, message timeouts and deferred messages due by
         ``now`` (an early call does nothing, a late one catches up in order)."""
-        self._begin(now)
-        self._end(now)
+        self.begin_call(now)
+        self.end_call(now)
 
-    def _begin(self, now: float) -> None:
+    def begin_call(self, now: float) -> None:
+        """Enter a call at ``now``: run the timers due by then first (the outermost call
+        only; calls nest)."""
         self._depth += 1
         if self._depth > 1:
             return
@@ -183,11 +191,12 @@ class Nsqd:
             raise
         self._now = max(self._now, now)
 
-    def _end(self, now: float) -> None:
+    def end_call(self, now: float) -> None:
+        """Leave a call: the outermost one delivers what became deliverable and flushes."""
         self._depth -= 1
         if self._depth:
             return
-        self._pump(now)
+        self.pump(now)
         self._flush_all()
 
     def _fire(self, t: float) -> None:
@@ -197,17 +206,17 @@ class Nsqd:
                 if channel.expire(t):
                     self._dirty[channel] = None
         for conn in list(self._conns.values()) + list(self._draining):
-            d = conn._next_deadline()
+            d = conn.next_deadline()
             if d is not None and d <= t:
-                conn._fire(t)
-            if conn in self._draining and not conn._held:
+                conn.fire(t)
+            if conn in self._draining and not conn.output_held:
                 self._draining.discard(conn)
-        self._pump(t)
+        self.pump(t)
         self._flush_all()
 
     def _flush_all(self) -> None:
         for conn in list(self._unflushed):
-            conn._flush()
+            conn.flush()
         self._unflushed.clear()
 
     # -- connections ---------------------------------------------------------------------------
@@ -235,7 +244,7 @@ class Nsqd:
             raise NsqdStopped(
                 f"nsqd {self.options.broadcast_address}:{self.options.tcp_port} is stopped"
             )
-        self._begin(now)
+        self.begin_call(now)
         try:
             if remote_address is None:
                 remote_address = f"127.0.0.1:{self._next_port}"
@@ -245,19 +254,36 @@ class Nsqd:
             self._conns[conn.id] = conn
             return conn
         finally:
-            self._end(now)
+            self.end_call(now)
 
     def _new_connection(self, client_id: int, now: float, remote_address: str) -> NsqdConnection:
         if self.options.partitioned:
-            from ._partitioned import PartitionedConnection
-
             return PartitionedConnection(self, client_id, now, remote_address)
         return NsqdConnection(self, client_id, now, remote_address)
 
-    def _connection_closed(self, conn: NsqdConnection, now: float) -> None:
+    # -- what connections report (the Node protocol) ----------------------------------------
+
+    @property
+    def output_delay(self) -> float:
+        """How long a new connection holds each write (set by :meth:`delay_output`)."""
+        return self._default_output_delay
+
+    def output_ready(self, conn: NsqdConnection) -> None:
+        """``conn`` has bytes to send, or closed: :meth:`pending` lists it."""
+        self._attention[conn] = None
+
+    def output_buffered(self, conn: NsqdConnection) -> None:
+        """``conn`` wrote a message frame: flush it at the end of the call."""
+        self._unflushed.add(conn)
+
+    def output_flushed(self, conn: NsqdConnection) -> None:
+        self._unflushed.discard(conn)
+
+    def connection_closed(self, conn: NsqdConnection, now: float) -> None:
+        """``conn`` closed: forget it (once its held output is out) and leave its channel."""
         self._conns.pop(conn.id, None)
         self._unflushed.discard(conn)
-        if conn._held:
+        if conn.output_held:
             self._draining.add(conn)
         channel = conn.channel
         if channel is not None:
@@ -268,14 +294,12 @@ class Nsqd:
         if self.options.partitioned and channel.requeue_client(conn.id):
             self._dirty[channel] = None
         if channel.ephemeral and not channel.clients:
-            self._delete_channel(channel)
+            self.remove_channel(channel)
 
     # -- topics and channels -------------------------------------------------------------------
 
-    def _topic_key(self, name: str, partition: int = -1) -> tuple[str, int]:
-        return (name, partition)
-
-    def _get_topic(self, name: str, now: float) -> Topic:
+    def get_topic(self, name: str, now: float) -> Topic:
+        """The standard server's topic ``name``, created (and registered) on first use."""
         key = (name, -1)
         topic = self.topics.get(key)
         if topic is None:
@@ -288,26 +312,82 @@ class Nsqd:
         for lookupd in self.lookupds:
             lookupd.nsqd_changed(self, topic, channel, added)
 
-    def _http_topic(self, name: str, now: float, partition: int = -1) -> Topic:
+    def http_topic(self, name: str, now: float, partition: int = -1) -> Topic:
         """The topic an HTTP publish or ``/topic/create`` names (created on demand, except
         on the partitioned server)."""
         if self.options.partitioned:
-            from ._nsqd_http import HttpError
-
             if partition < 0:
-                partition = self._default_partition(name)
-            topic = self._existing_partition(name, partition)
-            if topic is None or not self._is_leader(name, partition):
+                partition = self.default_partition(name)
+            topic = self.existing_partition(name, partition)
+            if topic is None or not self.is_leader(name, partition):
                 raise HttpError(404, "TOPIC_NOT_FOUND")
             return topic
-        return self._get_topic(name, now)
+        return self.get_topic(name, now)
 
-    def _http_existing_topic(self, name: str, partition: int = -1) -> Topic | None:
+    def http_existing_topic(self, name: str, partition: int = -1) -> Topic | None:
+        """The topic an HTTP request names, if it exists (the partitioned server: its
+        default partition unless ``partition``)."""
         if self.options.partitioned:
             if partition < 0:
-                partition = self._default_partition(name)
+                partition = self.default_partition(name)
             return self.topics.get((name, partition))
         return self.topics.get((name, -1))
+
+    def get_channel(self, topic: Topic, name: str, now: float) -> Channel:
+        """``topic``'s channel ``name``, created (and registered) on first use."""
+        channel, created = topic.get_channel(name, now)
+        if created:
+            self._dirty[channel] = None
+            refresh = self.options.queue_scan_refresh_interval
+            if refresh > 0:
+                ticks = int((now - self.started_at) // refresh) + 1
+                channel.scan_from = self.started_at + ticks * refresh
+            self._notify_lookupds(topic.name, name, True)
+        return channel
+
+    def remove_channel(self, channel: Channel) -> None:
+        """Delete ``channel``: its clients are disconnected; an ephemeral topic left with
+        no channel goes too."""
+        topic = channel.topic
+        if topic.channels.get(channel.name) is not channel:
+            return
+        del topic.channels[channel.name]
+        channel.deleted = True
+        self._notify_lookupds(topic.name, channel.name, False)
+        for client in list(channel.clients.values()):
+            if isinstance(client, NsqdConnection):
+                client.shutdown("channel deleted")
+        channel.clients.clear()
+        if topic.ephemeral and not topic.channels:
+            self.remove_topic(topic)
+
+    def remove_topic(self, topic: Topic) -> None:
+        """Delete ``topic`` and its channels: their clients are disconnected."""
+        key = (topic.name, topic.partition)
+        if self.topics.get(key) is not topic:
+            return
+        del self.topics[key]
+        topic.deleted = True
+        self._notify_lookupds(topic.name, None, False)
+        for channel in list(topic.channels.values()):
+            channel.deleted = True
+            for client in list(channel.clients.values()):
+                if isinstance(client, NsqdConnection):
+                    client.shutdown("topic deleted")
+        topic.channels.clear()
+
+    def new_message(self, topic: Topic, body: bytes, now: float) -> StoredMessage:
+        """A message for ``topic`` with a new id (not yet published: see :meth:`put`)."""
+        if self.options.partitioned:
+            return self.new_partition_message(topic, body, now)
+        unix_ns = self.unix_ns(now)
+        return StoredMessage(topic.ids.new_id(unix_ns), bytes(body), unix_ns)
+
+    def put(self, topic: Topic, msg: StoredMessage, now: float) -> None:
+        """Publish ``msg`` to ``topic`` (its channels deliver at the next pump)."""
+        topic.put(msg, now)
+        for channel in topic.channels.values():
+            self._dirty[channel] = None
 
     # -- partitioned server ---------------------------------------------------------------------
 
@@ -327,7 +407,7 @@ class Nsqd:
             raise ValueError("create_partition needs NsqdOptions(partitioned=True)")
         if not is_valid_topic_name(topic) or partition < 0:
             raise ValueError(f"invalid topic {topic!r} or partition {partition}")
-        self._begin(now)
+        self.begin_call(now)
         try:
             key = (topic, partition)
             t = self.topics.get(key)
@@ -339,25 +419,33 @@ class Nsqd:
             t.ext = t.ext or ext
             t.disable_channel_auto_create = disable_channel_auto_create
         finally:
-            self._end(now)
+            self.end_call(now)
 
-    def _default_partition(self, name: str) -> int:
+    @property
+    def in_cluster(self) -> bool:
+        return self.cluster is not None
+
+    def default_partition(self, name: str) -> int:
+        """The partition a request naming none goes to: the first this node leads in its
+        cluster, else the lowest it has (-1: none)."""
         if self.cluster is not None:
-            return self.cluster._default_partition(self, name)
+            return self.cluster.default_partition(self, name)
         parts = sorted(p for n, p in self.topics if n == name)
         return parts[0] if parts else -1
 
-    def _existing_partition(self, name: str, partition: int) -> Topic | None:
+    def existing_partition(self, name: str, partition: int) -> Topic | None:
+        """The partition's data, if this node holds (a replica of) it."""
         if self.cluster is not None:
-            return self.cluster._replica_topic(self, name, partition)
+            return self.cluster.replica_topic(self, name, partition)
         return self.topics.get((name, partition))
 
-    def _is_leader(self, name: str, partition: int) -> bool:
+    def is_leader(self, name: str, partition: int) -> bool:
+        """Whether this node leads the partition (serves its PUB, SUB and FIN)."""
         if self.cluster is not None:
             return self.cluster.leader(name, partition) is self
         return (name, partition) in self.topics
 
-    def _new_partition_message(
+    def new_partition_message(
         self,
         topic: Topic,
         body: bytes,
@@ -367,6 +455,8 @@ class Nsqd:
         ext_version: int | None = None,
         ext_data: bytes = b"",
     ) -> StoredMessage:
+        """A message for a partition: the next internal id, the trace id, and its place
+        in the partition's log (kept for start positions)."""
         internal_id = topic.next_internal_id
         topic.next_internal_id += 1
         raw_size = 4 + 26 + len(body)
@@ -389,7 +479,7 @@ class Nsqd:
         topic.log.append(msg.copy())
         return msg
 
-    def _set_channel_offset(self, channel: Channel, start: tuple[str, int]) -> str | None:
+    def set_channel_offset(self, channel: Channel, start: tuple[str, int]) -> str | None:
         """Apply a SUB_ADVANCED start position; returns the error text, or None."""
         kind, value = start
         topic = channel.topic
@@ -419,66 +509,14 @@ class Nsqd:
         self._dirty[channel] = None
         return None
 
-    def _get_channel(self, topic: Topic, name: str, now: float) -> Channel:
-        channel, created = topic.get_channel(name, now)
-        if created:
-            self._dirty[channel] = None
-            refresh = self.options.queue_scan_refresh_interval
-            if refresh > 0:
-                ticks = int((now - self.started_at) // refresh) + 1
-                channel.scan_from = self.started_at + ticks * refresh
-            self._notify_lookupds(topic.name, name, True)
-        return channel
-
-    def _delete_channel(self, channel: Channel) -> None:
-        topic = channel.topic
-        if topic.channels.get(channel.name) is not channel:
-            return
-        del topic.channels[channel.name]
-        channel.deleted = True
-        self._notify_lookupds(topic.name, channel.name, False)
-        for client in list(channel.clients.values()):
-            if isinstance(client, NsqdConnection):
-                client._shutdown("channel deleted")
-        channel.clients.clear()
-        if topic.ephemeral and not topic.channels:
-            self._delete_topic(topic)
-
-    def _delete_topic(self, topic: Topic) -> None:
-        key = (topic.name, topic.partition)
-        if self.topics.get(key) is not topic:
-            return
-        del self.topics[key]
-        topic.deleted = True
-        self._notify_lookupds(topic.name, None, False)
-        for channel in list(topic.channels.values()):
-            channel.deleted = True
-            for client in list(channel.clients.values()):
-                if isinstance(client, NsqdConnection):
-                    client._shutdown("topic deleted")
-        topic.channels.clear()
-
-    def _new_message(self, topic: Topic, body: bytes, now: float) -> StoredMessage:
-        if self.options.partitioned:
-            return self._new_partition_message(topic, body, now)
-        unix_ns = self.unix_ns(now)
-        return StoredMessage(topic.ids.new_id(unix_ns), bytes(body), unix_ns)
-
-    def _put(self, topic: Topic, msg: StoredMessage, now: float) -> None:
-        topic.put(msg, now)
-        for channel in topic.channels.values():
-            self._dirty[channel] = None
-
     # -- delivery ------------------------------------------------------------------------------
 
-    def _dirty_channel(self, channel: Channel) -> None:
+    def dirty_channel(self, channel: Channel) -> None:
+        """``channel`` may deliver again: the next :meth:`pump` looks at it."""
         self._dirty[channel] = None
 
-    def _dirty_client(self, conn: NsqdConnection) -> None:
-        if conn.channel is not None:
-            self._dirty[conn.channel] = None
-
-    def _pump(self, now: float) -> None:
+    def pump(self, now: float) -> None:
+        """Deliver, channel by channel, what the channels marked dirty can deliver."""
         while self._dirty:
             channel = next(iter(self._dirty))
             del self._dirty[channel]
@@ -495,14 +533,11 @@ class Nsqd:
             if client is None:
                 return
             msg = channel.queue.popleft()
-            if client._pump_sample_rate > 0 and client._sampled_out(
-                self._sample_rng.randrange(100)
-            ):
+            if client.sampled_out(self._sample_rng):
                 continue
-            matches = client._ext_filter
-            if matches is not None and channel.topic.ext and not matches(msg):
+            if client.filters_out(msg, ext_topic=channel.topic.ext):
                 continue  # filtered out: finished for the whole channel, as the server does
-            client._deliver(msg, now)
+            client.deliver(msg, now)
 
     def _pick_client(self, channel: Channel) -> NsqdConnection | None:
         ready = [
@@ -536,7 +571,8 @@ class Nsqd:
         cmd = None if command is None else command.encode()
         self._injections.append(_Injection(cmd, ClientError(code, description, fatal=fatal)))
 
-    def _take_injected(self, command: bytes) -> ClientError | None:
+    def take_injected(self, command: bytes) -> ClientError | None:
+        """The error queued by :meth:`fail_next` for ``command``, if any (it is used up)."""
         for i, inj in enumerate(self._injections):
             if inj.command is None or inj.command == command:
                 del self._injections[i]
@@ -564,34 +600,35 @@ class Nsqd:
         A kill -9 loses what nsqd held in memory: every message with ``lose_messages`` (the
         default in-memory queue), only the in-flight and deferred ones with
         ``lose_in_flight`` (``--mem-queue-size=0``: the queue is on disk)."""
-        self._begin(now)
+        self.begin_call(now)
         try:
             for conn in list(self._conns.values()):
-                conn._ready_out.clear()
-                conn._held.clear()
-                conn._shutdown("nsqd stopped")
-                conn._ready_out.clear()
+                conn.abort("nsqd stopped")
             self._draining.clear()
-            for topic in list(self.topics.values()):
-                if topic.ephemeral:
-                    self._delete_topic(topic)
-                    continue
-                for channel in list(topic.channels.values()):
-                    if channel.ephemeral:
-                        self._delete_channel(channel)
-                        continue
-                    if lose_messages:
-                        channel.empty()
-                    elif lose_in_flight:
-                        channel.drop_in_memory()
-                    else:
-                        channel.flush_to_queue()
-                if lose_messages:
-                    topic.queue.clear()
+            self._lose_on_stop(lose_messages=lose_messages, lose_in_flight=lose_in_flight)
             self._running = False
             self._on_stop()
         finally:
-            self._end(now)
+            self.end_call(now)
+
+    def _lose_on_stop(self, *, lose_messages: bool, lose_in_flight: bool) -> None:
+        """Ephemeral topics and channels vanish; messages are kept, requeued or lost."""
+        for topic in list(self.topics.values()):
+            if topic.ephemeral:
+                self.remove_topic(topic)
+                continue
+            for channel in list(topic.channels.values()):
+                if channel.ephemeral:
+                    self.remove_channel(channel)
+                    continue
+                if lose_messages:
+                    channel.empty()
+                elif lose_in_flight:
+                    channel.drop_in_memory()
+                else:
+                    channel.flush_to_queue()
+            if lose_messages:
+                topic.queue.clear()
 
     def _on_stop(self) -> None:
         for lookupd in self.lookupds:
@@ -629,79 +666,79 @@ class Nsqd:
         server the partition must exist and be led by this node (-1: its default one)."""
         if not is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")
-        self._begin(now)
+        self.begin_call(now)
         try:
             if self.options.partitioned:
-                part = partition if partition >= 0 else self._default_partition(topic)
-                found = self._existing_partition(topic, part)
-                if found is None or not self._is_leader(topic, part):
+                part = partition if partition >= 0 else self.default_partition(topic)
+                found = self.existing_partition(topic, part)
+                if found is None or not self.is_leader(topic, part):
                     raise KeyError(f"this node does not lead {topic!r} partition {part}")
                 t = found
             else:
-                t = self._get_topic(topic, now)
-            msg = self._new_message(t, body, now)
+                t = self.get_topic(topic, now)
+            msg = self.new_message(t, body, now)
             msg.deferred = max(0.0, delay)
-            self._put(t, msg, now)
+            self.put(t, msg, now)
             return msg.id
         finally:
-            self._end(now)
+            self.end_call(now)
 
     def create_topic(self, topic: str, now: float) -> None:
         if not is_valid_topic_name(topic):
             raise ValueError(f"invalid topic name {topic!r}")
-        self._begin(now)
+        self.begin_call(now)
         try:
-            self._get_topic(topic, now)
+            self.get_topic(topic, now)
         finally:
-            self._end(now)
+            self.end_call(now)
 
     def create_channel(self, topic: str, channel: str, now: float) -> None:
         if not is_valid_topic_name(topic) or not is_valid_channel_name(channel):
             raise ValueError(f"invalid topic or channel name {topic!r} {channel!r}")
-        self._begin(now)
+        self.begin_call(now)
         try:
-            self._get_channel(self._get_topic(topic, now), channel, now)
+            self.get_channel(self.get_topic(topic, now), channel, now)
         finally:
-            self._end(now)
+            self.end_call(now)
 
     def delete_topic(self, topic: str, now: float, *, partition: int = -1) -> bool:
-        self._begin(now)
+        self.begin_call(now)
         try:
             t = self.topics.get((topic, partition))
             if t is None:
                 return False
-            self._delete_topic(t)
+            self.remove_topic(t)
             return True
         finally:
-            self._end(now)
+            self.end_call(now)
 
     def delete_channel(self, topic: str, channel: str, now: float, *, partition: int = -1) -> bool:
-        self._begin(now)
+        self.begin_call(now)
         try:
             t = self.topics.get((topic, partition))
             ch = None if t is None else t.channels.get(channel)
             if ch is None:
                 return False
-            self._delete_channel(ch)
+            self.remove_channel(ch)
             return True
         finally:
-            self._end(now)
+            self.end_call(now)
 
     def pause_channel(
         self, topic: str, channel: str, now: float, *, paused: bool = True, partition: int = -1
     ) -> None:
-        self._begin(now)
+        self.begin_call(now)
         try:
             ch = self._channel(topic, channel, partition)
             ch.paused = paused
             self._dirty[ch] = None
         finally:
-            self._end(now)
+            self.end_call(now)
 
     def pause_topic(
         self, topic: str, now: float, *, paused: bool = True, partition: int = -1
     ) -> None:
-        self._begin(now)
+        self.begin_call(now)
         try:
             t = self._topic(topic, partition)
             t.paused = paused
@@ -709,7 +746,7 @@ class Nsqd:
             for ch in t.channels.values():
                 self._dirty[ch] = None
         finally:
-            self._end(now)
+            self.end_call(now)
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -815,8 +852,6 @@ class Nsqd:
         include_mem: bool = True,
     ) -> dict[str, Any]:
         """The object ``GET /stats?format=json`` returns."""
-        from ._nsqd_http import stats_object
-
         return stats_object(self, topic, channel, include_clients, include_mem)
 
     # -- HTTP ---------------------------------------------------------------------------------
@@ -832,16 +867,16 @@ class Nsqd:
         tls: bool = False,
     ) -> HttpResponse:
         """Answer one HTTP request on nsqd's HTTP (or, with ``tls``, HTTPS) port."""
-        from ._nsqd_http import handle
-
         if not self._running:
             raise NsqdStopped("nsqd is stopped")
         t = self._now if now is None else now
-        self._begin(t)
+        self.begin_call(t)
         try:
-            return handle(self, method, target, headers, body, t if now is not None else None, tls)
+            return handle_request(
+                self, method, target, headers, body, t, dated=now is not None, tls=tls
+            )
         finally:
-            self._end(t)
+            self.end_call(t)
 
     handle = handle_http
 

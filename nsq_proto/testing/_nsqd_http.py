@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from .._names import is_valid_channel_name, is_valid_topic_name
-from ._http import HttpResponse, go_response, respond_plain, respond_v1
-from ._store import Channel, Topic
-from ._util import GoValueError, http_date, parse_query, parse_start_position, rfc3339
+from .._names import is_valid_topic_name
+from ._http import (
+    HttpError,
+    HttpResponse,
+    Request,
+    answer,
+    go_response,
+    route,
+    topic_channel_args,
+)
+from ._options import NsqdOptions
+from ._protocol import NsqdConnection
+from ._store import Channel, StoredMessage, Topic
+from ._util import http_date, parse_start_position, rfc3339
 
-if TYPE_CHECKING:
-    from ._nsqd import Nsqd
-    from ._protocol import NsqdConnection
-
-__all__ = ["handle", "stats_object", "HttpError"]
+__all__ = ["HttpNode", "handle_request", "stats_object"]
 
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 _E2E = {"count": 0, "percentiles": None}
@@ -31,99 +37,91 @@ _MEMORY = {
 }
 
 
-class HttpError(Exception):
-    """``http_api.Err{code, text}``."""
+class HttpNode(Protocol):
+    """What nsqd's HTTP API needs of the node it answers for."""
 
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
+    @property
+    def options(self) -> NsqdOptions: ...
 
+    @property
+    def started_at(self) -> float: ...
 
-class _Request:
-    def __init__(
-        self, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> None:
-        self.method = method.upper()
-        path, _, query = target.partition("?")
-        self.path = path
-        self.raw_query = query
-        self.headers = headers
-        self.body = body
-        length = self.header("content-length")
-        try:
-            self.content_length = int(length) if length is not None else -1
-        except ValueError:
-            self.content_length = -1
+    @property
+    def topics(self) -> Mapping[tuple[str, int], Topic]: ...
 
-    def header(self, name: str) -> str | None:
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
+    @property
+    def connections(self) -> Sequence[NsqdConnection]: ...
 
-    def query(self) -> dict[str, list[str]]:
-        try:
-            return parse_query(self.raw_query)
-        except GoValueError:
-            raise HttpError(400, "INVALID_REQUEST") from None
+    def http_topic(self, name: str, now: float, partition: int = ...) -> Topic:
+        """The topic a publish or ``/topic/create`` names (raises :class:`HttpError`)."""
 
-    def get(self, key: str) -> str | None:
-        values = self.query().get(key)
-        return values[0] if values else None
+    def http_existing_topic(self, name: str, partition: int = ...) -> Topic | None: ...
+
+    def new_message(self, topic: Topic, body: bytes, now: float) -> StoredMessage: ...
+
+    def put(self, topic: Topic, msg: StoredMessage, now: float) -> None: ...
+
+    def get_channel(self, topic: Topic, name: str, now: float) -> Channel: ...
+
+    def remove_topic(self, topic: Topic) -> None: ...
+
+    def remove_channel(self, channel: Channel) -> None: ...
+
+    def dirty_channel(self, channel: Channel) -> None: ...
+
+    def is_leader(self, name: str, partition: int) -> bool: ...
+
+    def set_channel_offset(self, channel: Channel, start: tuple[str, int]) -> str | None: ...
 
 
-Handler = Callable[["Nsqd", _Request, float], Any]
+Handler = Callable[[HttpNode, Request, float], Any]
 
 
-def _unix(nsqd: Nsqd, now: float) -> float:
+def _unix(nsqd: HttpNode, now: float) -> float:
     return nsqd.options.wall_clock_offset + now
 
 
-def handle(
-    nsqd: Nsqd,
+def handle_request(
+    nsqd: HttpNode,
     method: str,
     target: str,
     headers: Sequence[tuple[str, str]],
     body: bytes,
-    now: float | None,
+    now: float,
+    *,
+    dated: bool,
     tls: bool,
 ) -> HttpResponse:
-    date = None if now is None else http_date(_unix(nsqd, now))
+    """Answer one request on nsqd's HTTP (or, with ``tls``, HTTPS) port at ``now``; with
+    ``dated`` the response has a ``Date`` header for ``now``."""
+    date = http_date(_unix(nsqd, now)) if dated else None
     opts = nsqd.options
     if opts.tls_required and not tls:
-        text = f'{{"message": "TLS_REQUIRED", "https_port": {opts.https_port}}}'
-        return go_response(
-            403,
-            {
-                "Content-Type": "application/json; charset=utf-8",
-                "X-Nsq-Content-Type": "nsq; version=1.0",
-            },
-            text.encode(),
-            date,
-        )
-    req = _Request(method, target, headers, body)
-    methods = _ROUTES.get(req.path)
-    if methods is None:
-        return respond_v1(404, "NOT_FOUND", date)
-    entry = methods.get(req.method)
-    if entry is None:
-        allowed = ", ".join(sorted({*methods, "OPTIONS"}))
-        return respond_v1(405, "METHOD_NOT_ALLOWED", date, {"Allow": allowed})
-    func, plain = entry
-    t = nsqd._now if now is None else now
-    try:
-        data = func(nsqd, req, t)
-    except HttpError as err:
-        if plain:
-            return respond_plain(err.status, err.text, date)
-        return respond_v1(err.status, err.text, date)
-    if plain:
-        return respond_plain(200, str(data), date)
-    return respond_v1(200, data, date)
+        return _tls_required(opts.https_port, date)
+    req = Request(method, target, headers, body)
+    found = route(_ROUTES, req, date)
+    if isinstance(found, HttpResponse):
+        return found
+    func, plain = found
+    return answer(lambda: func(nsqd, req, now), plain, date)
 
 
-def _topic_from_query(nsqd: Nsqd, req: _Request, now: float) -> tuple[dict[str, list[str]], Topic]:
+def _tls_required(https_port: int, date: str | None) -> HttpResponse:
+    text = f'{{"message": "TLS_REQUIRED", "https_port": {https_port}}}'
+    return go_response(
+        403,
+        {
+            "Content-Type": "application/json; charset=utf-8",
+            "X-Nsq-Content-Type": "nsq; version=1.0",
+        },
+        text.encode(),
+        date,
+    )
+
+
+def _topic_from_query(
+    nsqd: HttpNode, req: Request, now: float
+) -> tuple[dict[str, list[str]], Topic]:
     params = req.query()
     names = params.get("topic")
     if names is None:
@@ -136,25 +134,10 @@ def _topic_from_query(nsqd: Nsqd, req: _Request, now: float) -> tuple[dict[str, 
             partition = int(params["partition"][0])
         except ValueError:
             raise HttpError(400, "INVALID_ARG_TOPIC_PARTITION") from None
-    return params, nsqd._http_topic(names[0], now, partition)
+    return params, nsqd.http_topic(names[0], now, partition)
 
 
-def topic_channel_args(req: _Request) -> tuple[str, str]:
-    """The ``topic`` and ``channel`` query arguments, checked as nsqd and nsqlookupd do."""
-    topic = req.get("topic")
-    if topic is None:
-        raise HttpError(400, "MISSING_ARG_TOPIC")
-    if not is_valid_topic_name(topic):
-        raise HttpError(400, "INVALID_ARG_TOPIC")
-    channel = req.get("channel")
-    if channel is None:
-        raise HttpError(400, "MISSING_ARG_CHANNEL")
-    if not is_valid_channel_name(channel):
-        raise HttpError(400, "INVALID_ARG_CHANNEL")
-    return topic, channel
-
-
-def _existing_topic(nsqd: Nsqd, req: _Request) -> tuple[Topic, str]:
+def _existing_topic(nsqd: HttpNode, req: Request) -> tuple[Topic, str]:
     topic_name, channel_name = topic_channel_args(req)
     partition = -1
     if nsqd.options.partitioned and req.get("partition"):
@@ -162,17 +145,17 @@ def _existing_topic(nsqd: Nsqd, req: _Request) -> tuple[Topic, str]:
             partition = int(req.get("partition") or "")
         except ValueError:
             raise HttpError(400, "INVALID_ARG_TOPIC_PARTITION") from None
-    topic = nsqd._http_existing_topic(topic_name, partition)
+    topic = nsqd.http_existing_topic(topic_name, partition)
     if topic is None:
         raise HttpError(404, "TOPIC_NOT_FOUND")
     return topic, channel_name
 
 
-def _ping(nsqd: Nsqd, req: _Request, now: float) -> str:
+def _ping(nsqd: HttpNode, req: Request, now: float) -> str:
     return "OK"
 
 
-def _info(nsqd: Nsqd, req: _Request, now: float) -> dict[str, Any]:
+def _info(nsqd: HttpNode, req: Request, now: float) -> dict[str, Any]:
     o = nsqd.options
     return {
         "version": o.server_version,
@@ -188,7 +171,7 @@ def _info(nsqd: Nsqd, req: _Request, now: float) -> dict[str, Any]:
     }
 
 
-def _pub(nsqd: Nsqd, req: _Request, now: float) -> str:
+def _pub(nsqd: HttpNode, req: Request, now: float) -> str:
     o = nsqd.options
     if req.content_length > o.max_msg_size:
         raise HttpError(413, "MSG_TOO_BIG")
@@ -210,13 +193,13 @@ def _pub(nsqd: Nsqd, req: _Request, now: float) -> str:
         if ms < 0 or ms > round(o.max_req_timeout * 1000):
             raise HttpError(400, "INVALID_DEFER")
         deferred = ms / 1000.0
-    msg = nsqd._new_message(topic, body, now)
+    msg = nsqd.new_message(topic, body, now)
     msg.deferred = deferred
-    nsqd._put(topic, msg, now)
+    nsqd.put(topic, msg, now)
     return "OK"
 
 
-def _mpub(nsqd: Nsqd, req: _Request, now: float) -> str:
+def _mpub(nsqd: HttpNode, req: Request, now: float) -> str:
     o = nsqd.options
     if req.content_length > o.max_body_size:
         raise HttpError(413, "BODY_TOO_BIG")
@@ -247,9 +230,9 @@ def _mpub(nsqd: Nsqd, req: _Request, now: float) -> str:
                 bodies.append(block)
             if end < 0:
                 break
-    messages = [nsqd._new_message(topic, b, now) for b in bodies]
+    messages = [nsqd.new_message(topic, b, now) for b in bodies]
     for msg in messages:
-        nsqd._put(topic, msg, now)
+        nsqd.put(topic, msg, now)
     return "OK"
 
 
@@ -278,45 +261,45 @@ def _read_binary_mpub(data: bytes, max_msg: int, max_body: int) -> list[bytes]:
     return out
 
 
-def _topic_create(nsqd: Nsqd, req: _Request, now: float) -> None:
+def _topic_create(nsqd: HttpNode, req: Request, now: float) -> None:
     _topic_from_query(nsqd, req, now)
 
 
-def _topic_arg(req: _Request) -> str:
+def _topic_arg(req: Request) -> str:
     topic = req.get("topic")
     if topic is None:
         raise HttpError(400, "MISSING_ARG_TOPIC")
     return topic
 
 
-def _topic_empty(nsqd: Nsqd, req: _Request, now: float) -> None:
+def _topic_empty(nsqd: HttpNode, req: Request, now: float) -> None:
     name = _topic_arg(req)
     if not is_valid_topic_name(name):
         raise HttpError(400, "INVALID_TOPIC")
-    topic = nsqd._http_existing_topic(name)
+    topic = nsqd.http_existing_topic(name)
     if topic is None:
         raise HttpError(404, "TOPIC_NOT_FOUND")
     topic.queue.clear()
 
 
-def _topic_delete(nsqd: Nsqd, req: _Request, now: float) -> None:
-    topic = nsqd._http_existing_topic(_topic_arg(req))
+def _topic_delete(nsqd: HttpNode, req: Request, now: float) -> None:
+    topic = nsqd.http_existing_topic(_topic_arg(req))
     if topic is None:
         raise HttpError(404, "TOPIC_NOT_FOUND")
-    nsqd._delete_topic(topic)
+    nsqd.remove_topic(topic)
 
 
-def _topic_pause(nsqd: Nsqd, req: _Request, now: float) -> None:
-    topic = nsqd._http_existing_topic(_topic_arg(req))
+def _topic_pause(nsqd: HttpNode, req: Request, now: float) -> None:
+    topic = nsqd.http_existing_topic(_topic_arg(req))
     if topic is None:
         raise HttpError(404, "TOPIC_NOT_FOUND")
     topic.paused = "unpause" not in req.path
     topic.release(now)
     for channel in topic.channels.values():
-        nsqd._dirty_channel(channel)
+        nsqd.dirty_channel(channel)
 
 
-def _existing_channel(nsqd: Nsqd, req: _Request) -> Channel:
+def _existing_channel(nsqd: HttpNode, req: Request) -> Channel:
     topic, channel_name = _existing_topic(nsqd, req)
     channel = topic.channels.get(channel_name)
     if channel is None:
@@ -324,12 +307,12 @@ def _existing_channel(nsqd: Nsqd, req: _Request) -> Channel:
     return channel
 
 
-def _channel_create(nsqd: Nsqd, req: _Request, now: float) -> None:
+def _channel_create(nsqd: HttpNode, req: Request, now: float) -> None:
     topic, channel_name = _existing_topic(nsqd, req)
-    nsqd._get_channel(topic, channel_name, now)
+    nsqd.get_channel(topic, channel_name, now)
 
 
-def _channel_setoffset(nsqd: Nsqd, req: _Request, now: float) -> None:
+def _channel_setoffset(nsqd: HttpNode, req: Request, now: float) -> None:
     """The partitioned server's ``/channel/setoffset``: the body is a start position; it is
     applied whoever else consumes the channel."""
     if not nsqd.options.partitioned:
@@ -341,14 +324,14 @@ def _channel_setoffset(nsqd: Nsqd, req: _Request, now: float) -> None:
         start = parse_start_position(req.body)
     except ValueError as exc:
         raise HttpError(400, str(exc)) from None
-    if not nsqd._is_leader(channel.topic.name, channel.topic.partition):
+    if not nsqd.is_leader(channel.topic.name, channel.topic.partition):
         raise HttpError(400, "E_FAILED_ON_NOT_LEADER")
-    problem = nsqd._set_channel_offset(channel, start)
+    problem = nsqd.set_channel_offset(channel, start)
     if problem is not None:
         raise HttpError(500, problem)
 
 
-def _channel_empty(nsqd: Nsqd, req: _Request, now: float) -> None:
+def _channel_empty(nsqd: HttpNode, req: Request, now: float) -> None:
     channel = _existing_channel(nsqd, req)
     for client in channel.clients.values():
         client_conn: NsqdConnection = client  # type: ignore[assignment]
@@ -356,17 +339,17 @@ def _channel_empty(nsqd: Nsqd, req: _Request, now: float) -> None:
     channel.empty()
 
 
-def _channel_delete(nsqd: Nsqd, req: _Request, now: float) -> None:
-    nsqd._delete_channel(_existing_channel(nsqd, req))
+def _channel_delete(nsqd: HttpNode, req: Request, now: float) -> None:
+    nsqd.remove_channel(_existing_channel(nsqd, req))
 
 
-def _channel_pause(nsqd: Nsqd, req: _Request, now: float) -> None:
+def _channel_pause(nsqd: HttpNode, req: Request, now: float) -> None:
     channel = _existing_channel(nsqd, req)
     channel.paused = "unpause" not in req.path
-    nsqd._dirty_channel(channel)
+    nsqd.dirty_channel(channel)
 
 
-def _stats(nsqd: Nsqd, req: _Request, now: float) -> Any:
+def _stats(nsqd: HttpNode, req: Request, now: float) -> Any:
     params = req.query()
 
     def get(key: str) -> str:
@@ -399,7 +382,7 @@ def _client_json(conn: NsqdConnection, topic_filter: str, wall: float) -> dict[s
         "snappy": conn.snappy,
         "user_agent": conn.user_agent,
     }
-    if conn._has_authorizations():
+    if conn.has_authorizations():
         state = conn.auth_state
         assert state is not None
         out["authed"] = True
@@ -428,7 +411,7 @@ def _client_json(conn: NsqdConnection, topic_filter: str, wall: float) -> dict[s
 
 
 def stats_object(
-    nsqd: Nsqd, topic_filter: str, channel_filter: str, include_clients: bool, include_mem: bool
+    nsqd: HttpNode, topic_filter: str, channel_filter: str, include_clients: bool, include_mem: bool
 ) -> dict[str, Any]:
     wall = nsqd.options.wall_clock_offset
     mem_size = nsqd.options.mem_queue_size
@@ -503,7 +486,7 @@ def stats_object(
     return obj
 
 
-def _stats_text(nsqd: Nsqd, obj: dict[str, Any], now: float) -> str:
+def _stats_text(nsqd: HttpNode, obj: dict[str, Any], now: float) -> str:
     wall = nsqd.options.wall_clock_offset
     lines = [
         f"nsqd v{nsqd.options.server_version} (emulated)",
