@@ -26,6 +26,7 @@ from ._errors import (
     LocalProtocolError,
     LookupdError,
     NSQError,
+    NSQTimeout,
     ServerError,
     fresh_copy,
     permanent_cause,
@@ -63,7 +64,7 @@ _RETRY_BASE = 0.008
 _RETRY_STEP = 0.010
 
 
-class PublishTimeout(NSQError):
+class PublishTimeout(NSQTimeout):
     """No nsqd acknowledged the publish within ``publish_timeout``."""
 
 
@@ -736,6 +737,11 @@ class Producer(MultiConnectionCore[_PConn]):
         for rec in list(self._conns.values()):
             rec.conn.close("producer closed")
             self._pump(rec, self._now)
+        # what was sent and not answered is put back for a retry by the connection's loss:
+        # no retry comes after close, so it fails now (not at publish_timeout)
+        for req in list(self._requests.values()):
+            self._fail(req, ConnectionClosedError("producer closed"))
+        self._timers = Timers()
 
     @property
     def pending(self) -> int:

@@ -34,9 +34,8 @@ Outputs:
 What holds: no connection is given more than its nsqd's ``max_rdy_count`` (an ordered,
 SUB_ORDERED connection no more than 1); RDY is only sent on a subscribed connection; no RDY
 above 0 is sent while a backoff window is open, and only RDY 1 while in backoff between
-windows; nothing is sent after :meth:`stop`.  The RDY counts sum to at most ``max_in_flight``,
-with one exception: lowering ``max_in_flight`` (to a value above 0) while in backoff takes
-nothing back before backoff is over.
+windows; nothing is sent after :meth:`stop`.  The RDY counts sum to at most ``max_in_flight``
+(in backoff, to at most 1).
 
 Where go-nsq refines the client guide, the planner does what go-nsq does; those places say so.
 """
@@ -110,12 +109,11 @@ class Backoff:
             if level == 0:
                 return None
             level -= 1
-        elif self.duration(level + 1) <= self.max_duration or level == 0:
-            # NB: duration() is already capped, so this always holds and the level keeps
-            # rising past the cap (go-nsq compares the uncapped duration and stops there);
-            # kept as it was.  Past level ~1023 the float conversion in duration() overflows.
+        elif level == 0 or self.multiplier * 2 ** (level + 1) <= self.max_duration:
+            # go-nsq: the level rises while its uncapped window fits under the cap (and
+            # always from 0, so that a first failure backs off even with a tiny cap)
             level += 1
-        # else (unreachable as written): at the cap, stay there; another window starts
+        # else: at the top level; another window of the same length starts
         self.level = level
         return level
 
@@ -271,6 +269,10 @@ class RdyPlanner:
         if self._stopped:
             return
         if self._max_in_flight == 0:
+            return
+        if self._total_rdy > 0:
+            # a redistribution due at the same moment already gave a connection its RDY 1:
+            # the window is tested with one message, not two
             return
         conns = [r for r in self._conns.values() if r.conn.state in CAN_RDY]
         if not conns:

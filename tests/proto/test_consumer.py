@@ -186,6 +186,47 @@ def test_backoff_enters_tests_the_waters_and_recovers() -> None:
     assert sum(rdy_of(core).values()) == 4
 
 
+def test_backoff_level_stops_where_the_next_window_would_pass_the_cap() -> None:
+    # go-nsq: a failure raises the level only while multiplier * 2**(level + 1) fits under
+    # max_backoff_duration; a consumer failing for days keeps windows of at most the cap and
+    # its requeue() keeps working
+    core, (c,) = start(1, max_in_flight=5, backoff_multiplier=1.0, max_backoff_duration=120.0)
+    now, levels, windows = 0.0, [], []
+    for i in range(1500):
+        core.receive_data(c, message(mid(i), b"x", attempts=2), now)
+        core.outputs()
+        core.requeue(c, mid(i), now)
+        out = core.outputs()
+        levels += [e.level for e in out if isinstance(e, BackoffChanged)]
+        windows += [e.duration for e in out if isinstance(e, BackoffChanged)]
+        deadline = core.next_deadline()
+        assert deadline is not None
+        now = deadline
+        core.handle_timer(now)
+        core.outputs()
+    assert max(levels) == 6 and levels[-1] == 6  # 64 s; level 7 would be 128 s > 120 s
+    assert core.backoff_level == 6
+    assert max(windows) == 64.0
+
+
+def test_a_backoff_window_ending_with_a_redistribution_tests_the_waters_once() -> None:
+    # the window ends at 5.0, when the periodic RDY redistribution is due too: one connection
+    # gets RDY 1, not two (else two messages come in the window's test, above max_in_flight)
+    core, _ = start(8, max_in_flight=4, backoff_multiplier=1.0, rdy_redistribute_interval=5.0)
+    core.handle_timer(3.0)
+    core.outputs()
+    holder = next(c for c, r in rdy_of(core).items() if r == 1)
+    core.receive_data(holder, message(mid(1), b"x"), 3.0)
+    core.outputs()
+    core.requeue(holder, mid(1), 3.0)
+    assert BackoffChanged(1, 2.0) in core.outputs()
+    assert core.next_deadline() == 5.0
+    core.handle_timer(5.0)
+    core.outputs()
+    assert sorted(rdy_of(core).values()) == [0] * 7 + [1]
+    assert core.total_rdy == 1
+
+
 def test_results_during_a_backoff_window_are_ignored() -> None:
     core, (c,) = start(1, max_in_flight=5)
     core.receive_data(c, message(mid(1), b"x") + message(mid(2), b"y"), 0.0)

@@ -603,11 +603,6 @@ def test_producer_close_fails_queued_publishes_and_refuses_new_ones() -> None:
     assert core.outputs() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Producer.close() puts a sent, unanswered publish back for a retry that never "
-    "comes: it fails only at publish_timeout, not at the close its docstring promises",
-)
 def test_producer_close_fails_publishes_already_sent() -> None:
     core, c = producer(publish_timeout=30.0)
     rid = core.publish("t", b"x", 0.0)

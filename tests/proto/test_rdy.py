@@ -226,3 +226,18 @@ def test_close_connection_takes_now_for_the_reconnect() -> None:
     core.close_connection(connect.conn_id, 200.0)
     core.outputs()
     assert core._timers.deadline((TimerKind.RECONNECT, (("n", 4150), None))) == 208.0
+
+
+def test_every_timeout_is_an_nsq_timeout_and_a_timeout_error() -> None:
+    import pickle
+
+    from nsq_proto import HandshakeTimeout, NSQError, NSQTimeout, PublishTimeout, ReadTimeout
+    from nsq_spark import ConnectTimeout
+
+    for kind in (ReadTimeout, HandshakeTimeout, PublishTimeout, ConnectTimeout):
+        error = kind("took too long")
+        assert isinstance(error, NSQTimeout)
+        assert isinstance(error, NSQError) and isinstance(error, TimeoutError)
+        assert str(error) == "took too long"
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is kind and str(again) == "took too long"
