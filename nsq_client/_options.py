@@ -84,7 +84,7 @@ class ProducerOptions(ConnectionOptions, total=False):
 
     pool_size: int
     max_outstanding: int
-    max_attempts: int
+    max_publish_attempts: int
     publish_timeout: float
     dial_timeout: float
     reconnect_delay: float

@@ -43,6 +43,7 @@ from ._events import (
     Subscribed,
 )
 from ._features import (
+    DEFAULT_MAX_RDY_COUNT,
     AuthResult,
     NegotiatedFeatures,
     parse_auth_response,
@@ -493,10 +494,11 @@ class Connection:
         self._pending.append((_SUB, 0))
         self.state = _S.SUBSCRIBING
 
-    def ready(self, count: int) -> None:
+    def rdy(self, count: int) -> None:
+        """Send RDY: nsqd may have ``count`` messages in flight on this connection."""
         check_command(self.state, Command.RDY)
         features = self.features
-        max_rdy = features.max_rdy_count if features is not None else 2500
+        max_rdy = features.max_rdy_count if features is not None else DEFAULT_MAX_RDY_COUNT
         if count > max_rdy:
             raise LocalProtocolError(f"RDY {count} is above nsqd's max_rdy_count {max_rdy}")
         self._send(cmd.rdy(count))

@@ -42,6 +42,7 @@ from ._lookupd import (
 from ._message import Message
 from ._names import check_channel, check_topic
 from ._outputs import Connect
+from ._partitioned import TOPOLOGY_CHANGED
 from ._rdy import CAN_RDY, RdyPlanner
 from ._start_from import StartFrom
 from ._state import ConnectionState
@@ -50,10 +51,6 @@ from ._timers import TimerKind
 __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 
 _S = ConnectionState
-#: the partitioned server's errors after which the topology must be looked up again
-_RELOOKUP_ERRORS = frozenset(
-    {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -567,7 +564,7 @@ class Consumer(MultiConnectionCore[_Conn]):
     def _on_error(self, rec: _Conn, event: ErrorReceived, now: float) -> None:
         if event.code == "E_SUB_ORDER_IS_MUST":
             self._ordered_required = True
-        if event.code in _RELOOKUP_ERRORS or event.code == "E_SUB_ORDER_IS_MUST":
+        if event.code in TOPOLOGY_CHANGED or event.code == "E_SUB_ORDER_IS_MUST":
             # go-nsq: drop that (address, partition) and look the topic up again about 1 s later
             self.poll_lookupd_now(now, 1.0)
 

@@ -96,7 +96,7 @@ class PublishFailed(Event):
     answered, a ``ConnectionClosedError``, the producer core's ``PublishTimeout``, ...).
 
     A :class:`~nsq_proto.Connection` reports each failed request at once; the producer core
-    reports it once: after its retries (``max_attempts``, within ``publish_timeout``) are
+    reports it once: after its retries (``max_publish_attempts``, within ``publish_timeout``) are
     spent, at once for an error that retrying cannot heal, or when it is closed.  ``conn_id``
     is the connection it was last sent on (0 if it never was).
     """

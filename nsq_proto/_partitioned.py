@@ -14,11 +14,19 @@ from typing import Final
 from ._errors import LocalProtocolError
 
 __all__ = [
+    "TOPOLOGY_CHANGED",
     "Hasher",
     "murmur3_32",
     "partition_for_key",
     "is_partitioned_version",
 ]
+
+#: the partitioned server's refusals that mean the cluster moved (a leader changed, a partition
+#: is not writable here, the topic is not on this node yet): look the topic up again, and
+#: retry a publish or subscription there
+TOPOLOGY_CHANGED: Final = frozenset(
+    {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
+)
 
 _MASK: Final = 0xFFFFFFFF
 _C1: Final = 0xCC9E2D51

@@ -3,7 +3,7 @@
 Requests are validated when they are made, queued, and handed to a ready connection with room
 (``max_outstanding`` unanswered requests per connection).  nsqd answers in order, so each
 connection matches responses to requests FIFO.  A request that fails because its connection
-went away is retried on another connection (failover) up to ``max_attempts`` times; one that nsqd
+went away is retried on another connection (failover) up to ``max_publish_attempts`` times; one that nsqd
 refused with an error frame fails with that :class:`ServerError`, except the partitioned
 server's cluster errors, which trigger a new lookup and a retry (as go-nsq does).
 """
@@ -44,16 +44,13 @@ from ._lookupd import (
 )
 from ._names import check_topic
 from ._outputs import Connect
-from ._partitioned import Hasher, partition_for_key
+from ._partitioned import TOPOLOGY_CHANGED, Hasher, partition_for_key
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
 
 __all__ = ["ProducerConfig", "Producer", "PublishTimeout"]
 
 _S = ConnectionState
-_RETRY_CODES = frozenset(
-    {"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_TOPIC_NOT_EXIST"}
-)
 
 _PUB = "PUB"
 _NO_DPUB = "the partitioned server has no DPUB (deferred publish): publish without a delay"
@@ -77,7 +74,7 @@ class ProducerConfig(ConnectionConfig):
     #: unanswered requests per connection (pipelining); 1 = one at a time like go-nsq
     max_outstanding: int = 8
     #: tries per request over connection losses and cluster errors (1 = never retry)
-    max_attempts: int = 3
+    max_publish_attempts: int = 3
     #: a request not acknowledged within this long fails with PublishTimeout
     publish_timeout: float = 30.0
     dial_timeout: float = 1.0
@@ -94,7 +91,7 @@ class ProducerConfig(ConnectionConfig):
 
     def __post_init__(self) -> None:
         super(ProducerConfig, self).__post_init__()
-        for name in ("pool_size", "max_outstanding", "max_attempts"):
+        for name in ("pool_size", "max_outstanding", "max_publish_attempts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, not {value!r}")
@@ -335,10 +332,14 @@ class Producer(MultiConnectionCore[_PConn]):
 
     def _failed_on_connection(self, req: _Request, error: NSQError) -> None:
         self._release(req)
-        retryable = not isinstance(error, ServerError) or error.code in _RETRY_CODES
-        if isinstance(error, ServerError) and error.code in _RETRY_CODES:
+        retryable = not isinstance(error, ServerError) or error.code in TOPOLOGY_CHANGED
+        if isinstance(error, ServerError) and error.code in TOPOLOGY_CHANGED:
             self._invalidate_route(req.topic)
-        if retryable and req.attempts < self.config.max_attempts and req.deadline > self._now:
+        if (
+            retryable
+            and req.attempts < self.config.max_publish_attempts
+            and req.deadline > self._now
+        ):
             self._retry_later(req)
             return
         self._fail(req, error)

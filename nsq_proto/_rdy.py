@@ -23,7 +23,7 @@ Inputs (the consumer calls these; none of them raises):
 
 Outputs:
 
-* RDY counts per connection: ``rec.conn.ready(n)`` (the command waits in that connection's
+* RDY counts per connection: ``rec.conn.rdy(n)`` (the command waits in that connection's
   write buffer until the consumer drains it), mirrored in ``rec.rdy``, ``rec.remaining``
   (messages the connection may still send before its next RDY) and ``rec.last_rdy_at``;
 * deadlines, in the consumer's :class:`~nsq_proto._timers.Timers`:
@@ -49,6 +49,7 @@ from typing import Protocol
 
 from ._connection import Connection
 from ._events import BackoffChanged, ConnId
+from ._features import DEFAULT_MAX_RDY_COUNT
 from ._outputs import Output
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
@@ -61,7 +62,6 @@ ACTIVE = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
 #: connections RDY may be sent on
 CAN_RDY = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
 #: nsqd's default max_rdy_count, for a connection whose IDENTIFY answer did not say
-_DEFAULT_MAX_RDY = 2500
 
 # built once: they are looked up on every answer
 _BACKOFF_END = (TimerKind.BACKOFF_END, None)
@@ -331,7 +331,7 @@ class RdyPlanner:
         if rec.ordered and count > 1:
             count = 1
         features = conn.features
-        max_rdy = features.max_rdy_count if features is not None else _DEFAULT_MAX_RDY
+        max_rdy = features.max_rdy_count if features is not None else DEFAULT_MAX_RDY_COUNT
         count = min(count, max_rdy)
         max_possible = self._max_in_flight - self._total_rdy + rec.rdy
         if 0 < max_possible < count:
@@ -339,7 +339,7 @@ class RdyPlanner:
         if max_possible <= 0 and count > 0:
             self._need_redistribute = True
             return False
-        conn.ready(count)
+        conn.rdy(count)
         self._total_rdy += count - rec.rdy
         rec.rdy = count
         rec.remaining = count

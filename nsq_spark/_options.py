@@ -7,8 +7,9 @@ Option names are case-insensitive and underscores are optional: ``max_in_flight`
 
 from __future__ import annotations
 
+import difflib
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +134,7 @@ class _Reader:
             )
         return value
 
-    def unknown(self, known: set[str]) -> list[str]:
+    def unknown(self, known: Mapping[str, str]) -> list[str]:
         return sorted(name for key, (name, _) in self._values.items() if key not in known)
 
 
@@ -196,7 +197,7 @@ class ConnectionOptions:
 
 
 _CONNECTION_KEYS = {
-    _key(n)
+    _key(n): n
     for n in (
         "nsqd_tcp_addresses",
         "lookupd_http_addresses",
@@ -310,7 +311,7 @@ class SourceOptions:
 
 
 _SOURCE_KEYS = _CONNECTION_KEYS | {
-    _key(n)
+    _key(n): n
     for n in (
         "topic",
         "channel",
@@ -402,7 +403,7 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         raise OptionError("option 'start_from' needs lookupd_http_addresses")
     unknown = r.unknown(_SOURCE_KEYS)
     if unknown:
-        raise OptionError(f"unknown option(s) of the nsq source: {', '.join(unknown)}")
+        raise _unknown_options("source", unknown, _SOURCE_KEYS)
     return parsed
 
 
@@ -415,7 +416,7 @@ class SinkOptions:
     max_outstanding: int = 8
     pool_size: int = 1
     publish_timeout: float = 30.0
-    max_attempts: int = 3
+    max_publish_attempts: int = 3
 
     def producer_key(self) -> tuple[Any, ...]:
         """What tells producers apart: sinks that differ only in topic or batching share one."""
@@ -424,7 +425,7 @@ class SinkOptions:
             self.max_outstanding,
             self.pool_size,
             self.publish_timeout,
-            self.max_attempts,
+            self.max_publish_attempts,
         )
 
     def producer_kwargs(self) -> dict[str, Any]:
@@ -433,13 +434,13 @@ class SinkOptions:
             max_outstanding=self.max_outstanding,
             pool_size=self.pool_size,
             publish_timeout=self.publish_timeout,
-            max_attempts=self.max_attempts,
+            max_publish_attempts=self.max_publish_attempts,
         )
         return kwargs
 
 
 _SINK_KEYS = _CONNECTION_KEYS | {
-    _key(n)
+    _key(n): n
     for n in (
         "topic",
         "batch_size",
@@ -447,7 +448,7 @@ _SINK_KEYS = _CONNECTION_KEYS | {
         "max_outstanding",
         "pool_size",
         "publish_timeout",
-        "max_attempts",
+        "max_publish_attempts",
         "checkpoint_location",
     )
 }
@@ -465,9 +466,19 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         max_outstanding=r.integer("max_outstanding", 8, minimum=1),
         pool_size=r.integer("pool_size", 1, minimum=1),
         publish_timeout=publish_timeout,
-        max_attempts=r.integer("max_attempts", 3, minimum=1),
+        max_publish_attempts=r.integer("max_publish_attempts", 3, minimum=1),
     )
     unknown = r.unknown(_SINK_KEYS)
     if unknown:
-        raise OptionError(f"unknown option(s) of the nsq sink: {', '.join(unknown)}")
+        raise _unknown_options("sink", unknown, _SINK_KEYS)
     return parsed
+
+
+def _unknown_options(kind: str, unknown: Iterable[str], known: Mapping[str, str]) -> OptionError:
+    """The error for options the nsq ``kind`` does not have (``known``: each option's
+    spelling-free key to its name), with the likely intended ones."""
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(_key(name), list(known), n=1)
+        parts.append(f"{name} (did you mean {known[close[0]]}?)" if close else name)
+    return OptionError(f"unknown option(s) of the nsq {kind}: {', '.join(parts)}")

@@ -211,7 +211,7 @@ def call_api(conn: Connection, cmd: Command) -> None:
             conn.subscribe(topic, channel)
         elif name == "RDY":
             (count,) = args
-            conn.ready(int(count))
+            conn.rdy(int(count))
         elif name == "FIN":
             conn.finish(args[0])
         elif name == "TOUCH":

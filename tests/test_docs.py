@@ -112,6 +112,6 @@ def test_configuration_reference_lists_every_option(
         go_nsq, default, unit = rows[name][:3]
         where = f"{section}, {name}"
         assert documented_default(default) == expected_default(name, cls), where
-        same_name = name in GO_NSQ and not (cls is ProducerConfig and name == "max_attempts")
+        same_name = name in GO_NSQ
         assert go_nsq == (f"`{name}`" if same_name else "—"), where
         assert (unit == "s") == is_seconds(name, cls), f"{where}: unit {unit!r}"

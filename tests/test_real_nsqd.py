@@ -247,7 +247,7 @@ async def test_tls_snappy_and_auth(
         tls=context,
         auth_secret="bad",
         publish_timeout=3.0,
-        max_attempts=1,
+        max_publish_attempts=1,
     ) as producer:
         with pytest.raises(lib.NSQError):
             await producer.publish(topic, b"x")

@@ -146,7 +146,7 @@ async def test_tls_verification_failure_is_typed(lib: ModuleType) -> None:
             nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
             tls=ssl.create_default_context(),  # does not trust the test CA
             publish_timeout=2.0,
-            max_attempts=1,
+            max_publish_attempts=1,
         ) as producer:
             with pytest.raises(lib.NSQError):
                 await producer.publish("t", b"x")

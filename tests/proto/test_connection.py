@@ -193,7 +193,7 @@ def test_heartbeat_is_answered_with_nop() -> None:
 def test_subscribe_and_messages() -> None:
     conn = ready_connection()
     conn.subscribe("t", "c")
-    conn.ready(2)
+    conn.rdy(2)
     assert sent(conn.outputs()) == b"SUB t c\nRDY 2\n"
     conn.receive_data(response(b"OK") + message(mid(1), b"a") + message(mid(2), b"b", 3), 0.0)
     out = conn.outputs()
@@ -224,9 +224,9 @@ def test_truncated_message_frame() -> None:
 
 def test_rdy_above_max_rdy_count_is_refused_locally() -> None:
     conn = subscribed_connection()
-    conn.ready(2500)
+    conn.rdy(2500)
     with pytest.raises(LocalProtocolError, match="max_rdy_count"):
-        conn.ready(2501)
+        conn.rdy(2501)
 
 
 def test_non_fatal_errors_keep_the_connection() -> None:
@@ -321,7 +321,7 @@ def test_cls_close_wait_then_answers_still_allowed() -> None:
     conn.finish(mid(1))
     assert sent(conn.outputs()) == b"FIN " + mid(1) + b"\n"
     with pytest.raises(LocalProtocolError):
-        conn.ready(1)
+        conn.rdy(1)
     conn.connection_lost(1.0)
     (closed,) = conn.outputs()
     assert isinstance(closed, ConnectionClosed) and closed.error is None
@@ -370,7 +370,7 @@ def test_close_flushes_queued_commands_first() -> None:
 COMMANDS = {
     Command.SUB: lambda c: c.subscribe("t", "c"),
     Command.PUB: lambda c: c.publish("t", b"x"),
-    Command.RDY: lambda c: c.ready(1),
+    Command.RDY: lambda c: c.rdy(1),
     Command.ANSWER: lambda c: c.finish(mid(1)),
     Command.CLS: lambda c: c.start_close(),
     Command.NOP: lambda c: c.nop(),

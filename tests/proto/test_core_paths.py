@@ -157,7 +157,7 @@ def test_consumer_config_errors(changes: dict[str, Any], says: str) -> None:
     [
         ({"pool_size": 0}, "pool_size must be an int >= 1, not 0"),
         ({"max_outstanding": True}, "max_outstanding must be an int >= 1, not True"),
-        ({"max_attempts": 1.0}, "max_attempts must be an int >= 1, not 1.0"),
+        ({"max_publish_attempts": 1.0}, "max_publish_attempts must be an int >= 1, not 1.0"),
         ({"publish_timeout": 0}, "publish_timeout must be a positive number of seconds"),
         ({"reconnect_jitter": -0.1}, "reconnect_jitter must be 0..1"),
         ({"hasher": 5}, "hasher must be a function of the key bytes, not 5"),
@@ -636,7 +636,7 @@ def test_producer_lookupd_failure_is_named_when_the_publish_times_out() -> None:
 
 
 def test_producer_fails_a_publish_nsqd_refuses_without_retrying() -> None:
-    core, c = producer(max_attempts=3)
+    core, c = producer(max_publish_attempts=3)
     rid = core.publish("t", b"x", 0.0)
     core.outputs()
     core.receive_data(c, error(b"E_BAD_MESSAGE PUB bad message"), 0.1)

@@ -117,8 +117,10 @@ def test_fatal_error_fails_the_request_and_fails_over_the_rest() -> None:
     assert sorted(ok) == [rids[1], rids[2], rids[3]]
 
 
-def test_connection_loss_retries_and_gives_up_after_max_attempts() -> None:
-    core, ids = started(["n1:4150"], max_attempts=2, reconnect_delay=1.0, reconnect_jitter=0.0)
+def test_connection_loss_retries_and_gives_up_after_max_publish_attempts() -> None:
+    core, ids = started(
+        ["n1:4150"], max_publish_attempts=2, reconnect_delay=1.0, reconnect_jitter=0.0
+    )
     (c,) = ids.values()
     rid = core.publish("t", b"x", 0.0)
     core.outputs()

@@ -160,6 +160,10 @@ def test_source_options_are_checked_when_spark_asks_for_the_schema() -> None:
 
 
 def test_sink_options() -> None:
+    with pytest.raises(OptionError, match=r"max_attempts \(did you mean max_publish_attempts\?\)"):
+        parse_sink_options({"nsqd_tcp_addresses": "a:1", "max_attempts": "2"})
+    o = parse_sink_options({"nsqd_tcp_addresses": "a:1", "max_publish_attempts": "2"})
+    assert o.producer_kwargs()["max_publish_attempts"] == 2
     with pytest.raises(OptionError, match="not a topic name"):
         parse_sink_options({"nsqd_tcp_addresses": "a:1", "topic": "a b"})
     o = parse_sink_options({"nsqd_tcp_addresses": "a:1", "batchSize": "10", "deflate_level": "3"})
@@ -531,7 +535,11 @@ def test_a_refused_publish_fails_the_task_and_drops_the_producer(emulator: Emula
     from nsq_spark._sink import _POOL, publish_batches
 
     options = parse_sink_options(
-        {"nsqd_tcp_addresses": emulator.address, "topic": "units-refused", "max_attempts": "1"}
+        {
+            "nsqd_tcp_addresses": emulator.address,
+            "topic": "units-refused",
+            "max_publish_attempts": "1",
+        }
     )
     too_big = b"x" * (emulator.nsqd.options.max_msg_size + 1)
     with pytest.raises(ServerError):

@@ -51,7 +51,7 @@ def test_consume_through_the_client_core(compression: str) -> None:
     ready = [e for e in events if isinstance(e, Ready)]
     assert ready and ready[0].features.snappy == (compression == "snappy")
     client.subscribe("t", "c")
-    client.ready(2)
+    client.rdy(2)
     assert any(isinstance(e, Subscribed) for e in pump(client, server, 0.1))
     for body in (b"one", b"two", b"three"):
         nsqd.publish("t", body, 0.2)
