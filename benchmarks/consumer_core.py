@@ -13,8 +13,9 @@ import argparse
 import random
 import time
 
-from nsq_proto import Connect, Consumer, ConsumerConfig, MessageReceived, Send, encode_frame
+from nsq_proto import Connect, Consumer, ConsumerConfig, MessageReceived, Send
 from nsq_proto._message import encode_message_data
+from nsq_proto.wire import encode_frame
 
 
 def identify_ok() -> bytes:

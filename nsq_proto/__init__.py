@@ -4,14 +4,11 @@ No I/O, no clocks, no threads: bytes and ``now`` go in; bytes to send, events an
 come out.
 """
 
-from . import _commands as commands
-from ._compress import DeflateCodec as DeflateCodec
-from ._compress import SnappyCodec as SnappyCodec
+from . import commands as commands
+from . import wire as wire
 from ._config import ConfigError as ConfigError
 from ._config import ConnectionConfig as ConnectionConfig
-from ._connection import NON_FATAL_ERRORS as NON_FATAL_ERRORS
 from ._connection import Connection as Connection
-from ._connection import parse_error_frame as parse_error_frame
 from ._consumer import ConnectionStats as ConnectionStats
 from ._consumer import Consumer as Consumer
 from ._consumer import ConsumerConfig as ConsumerConfig
@@ -53,18 +50,10 @@ from ._features import DEFAULT_MAX_RDY_COUNT as DEFAULT_MAX_RDY_COUNT
 from ._features import AuthResult as AuthResult
 from ._features import NegotiatedFeatures as NegotiatedFeatures
 from ._features import TraceReceipt as TraceReceipt
-from ._frames import DEFAULT_MAX_FRAME_SIZE as DEFAULT_MAX_FRAME_SIZE
-from ._frames import FrameDecoder as FrameDecoder
-from ._frames import FrameType as FrameType
-from ._frames import encode_frame as encode_frame
 from ._lookupd import LookupResult as LookupResult
 from ._lookupd import Peer as Peer
 from ._lookupd import TopicMeta as TopicMeta
 from ._message import Message as Message
-from ._message import MessageLayout as MessageLayout
-from ._message import decode_message as decode_message
-from ._names import is_valid_channel_name as is_valid_channel_name
-from ._names import is_valid_topic_name as is_valid_topic_name
 from ._outputs import Action as Action
 from ._outputs import Close as Close
 from ._outputs import Connect as Connect
@@ -72,8 +61,6 @@ from ._outputs import HttpRequest as HttpRequest
 from ._outputs import Output as Output
 from ._outputs import Send as Send
 from ._outputs import StartTLS as StartTLS
-from ._partitioned import murmur3_32 as murmur3_32
-from ._partitioned import partition_for_key as partition_for_key
 from ._producer import Producer as Producer
 from ._producer import ProducerConfig as ProducerConfig
 from ._producer import PublishTimeout as PublishTimeout
@@ -82,80 +69,67 @@ from ._state import ConnectionState as ConnectionState
 from ._version import __version__ as __version__
 
 __all__ = [
-    "commands",
-    "BackoffChanged",
-    "ClientCore",
-    "Connect",
-    "ConnectionStats",
-    "Consumer",
-    "ConsumerConfig",
-    "HttpRequest",
-    "LookupFailed",
-    "LookupResult",
-    "LookupSucceeded",
-    "StartFrom",
-    "StartFromApplied",
-    "StartFromFailed",
-    "MessageGivenUp",
-    "Peer",
-    "Producer",
-    "ProducerConfig",
-    "PublishTimeout",
-    "Stopped",
-    "TopicMeta",
-    "murmur3_32",
-    "parse_address",
-    "partition_for_key",
     "Action",
     "AuthRequired",
     "AuthResult",
+    "BackoffChanged",
+    "ClientCore",
     "Close",
     "CloseWaitReceived",
     "ConfigError",
-    "ExtFilter",
+    "ConnId",
+    "Connect",
     "Connection",
     "ConnectionClosed",
     "ConnectionClosedError",
     "ConnectionConfig",
     "ConnectionState",
-    "ConnId",
-    "DEFAULT_MAX_FRAME_SIZE",
+    "ConnectionStats",
+    "Consumer",
+    "ConsumerConfig",
     "DEFAULT_MAX_RDY_COUNT",
-    "DeflateCodec",
     "ErrorReceived",
     "Event",
-    "FrameDecoder",
+    "ExtFilter",
     "FrameTooLarge",
     "HandshakeTimeout",
-    "FrameType",
     "HeartbeatReceived",
+    "HttpRequest",
     "InvalidName",
     "LocalProtocolError",
+    "LookupFailed",
+    "LookupResult",
+    "LookupSucceeded",
     "LookupdError",
     "Message",
-    "MessageLayout",
+    "MessageGivenUp",
     "MessageReceived",
-    "NON_FATAL_ERRORS",
     "NSQError",
     "NSQTimeout",
     "NegotiatedFeatures",
     "Output",
+    "Peer",
+    "Producer",
+    "ProducerConfig",
     "ProtocolError",
     "PublishFailed",
     "PublishSucceeded",
+    "PublishTimeout",
     "ReadTimeout",
     "Ready",
     "RemoteProtocolError",
     "Send",
     "ServerError",
-    "SnappyCodec",
+    "StartFrom",
+    "StartFromApplied",
+    "StartFromFailed",
     "StartTLS",
+    "Stopped",
     "Subscribed",
+    "TopicMeta",
     "TraceReceipt",
+    "commands",
+    "parse_address",
+    "wire",
     "__version__",
-    "decode_message",
-    "encode_frame",
-    "is_valid_channel_name",
-    "is_valid_topic_name",
-    "parse_error_frame",
 ]

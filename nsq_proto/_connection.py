@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from . import _commands as cmd
+from . import commands as cmd
 from ._compress import Codec, make_codec
 from ._config import ConnectionConfig
 from ._errors import (

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _commands as cmd
+from . import commands as cmd
 from ._config import ConfigError, ConnectionConfig, check_seconds
 from ._connection import Connection
 from ._core import MultiConnectionCore

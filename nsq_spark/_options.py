@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_proto import ConfigError, StartFrom, is_valid_channel_name, is_valid_topic_name
+from nsq_proto import ConfigError, StartFrom
+from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
     "OptionError",

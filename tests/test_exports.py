@@ -72,3 +72,18 @@ def test_public_names_are_exported_once_and_exist() -> None:
 
 def test_py_typed_is_shipped() -> None:
     assert (PROTO / "py.typed").exists()
+
+
+def test_the_top_level_shows_the_state_machines_events_and_errors() -> None:
+    import importlib
+
+    import nsq_proto.commands
+    import nsq_proto.wire
+
+    assert importlib.import_module("nsq_proto.commands") is nsq_proto.commands
+    for name in nsq_proto.wire.__all__:
+        assert hasattr(nsq_proto.wire, name), name
+        # the wire's helpers live below the top level, once
+        assert name not in nsq_proto.__all__, name
+    for name in ("Connection", "Consumer", "Producer", "MessageReceived", "NSQError"):
+        assert name in nsq_proto.__all__

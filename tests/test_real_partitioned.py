@@ -25,13 +25,8 @@ import anyio
 import pytest
 
 import nsq_anyio
-from nsq_proto import (
-    ExtFilter,
-    LocalProtocolError,
-    ServerError,
-    StartFrom,
-    partition_for_key,
-)
+from nsq_proto import ExtFilter, LocalProtocolError, ServerError, StartFrom
+from nsq_proto.wire import partition_for_key
 from tests.faults._servers import free_port, wait_http
 
 NSQD = os.environ.get("NSQD_PARTITIONED")

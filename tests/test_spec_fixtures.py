@@ -20,21 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nsq_proto import (
-    ConfigError,
-    ConnectionConfig,
-    FrameDecoder,
-    LocalProtocolError,
-    MessageLayout,
-    commands,
-    decode_message,
-    parse_error_frame,
-)
+from nsq_proto import ConfigError, ConnectionConfig, LocalProtocolError, commands
 from nsq_proto._features import (
     parse_auth_response,
     parse_identify_response,
     parse_trace_receipt,
 )
+from nsq_proto.wire import FrameDecoder, MessageLayout, decode_message, parse_error_frame
 
 from .fixtures_util import (
     FIXTURES,

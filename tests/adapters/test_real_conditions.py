@@ -15,8 +15,8 @@ import pytest
 import trustme
 
 from nsq_anyio._server import serve_emulator
-from nsq_proto import encode_frame
 from nsq_proto.testing import Authorization, AuthState, static_authorizer
+from nsq_proto.wire import encode_frame
 
 pytestmark = pytest.mark.anyio
 

@@ -5,15 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nsq_proto import (
-    Connection,
-    ConnectionConfig,
-    Event,
-    Output,
-    Send,
-    encode_frame,
-)
+from nsq_proto import Connection, ConnectionConfig, Event, Output, Send
 from nsq_proto._message import encode_message_data
+from nsq_proto.wire import encode_frame
 
 IDENTIFY_JSON: dict[str, Any] = {
     "max_rdy_count": 2500,

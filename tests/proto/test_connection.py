@@ -27,12 +27,12 @@ from nsq_proto import (
     StartTLS,
     Subscribed,
     TraceReceipt,
-    encode_frame,
 )
 from nsq_proto import commands as cmd
 from nsq_proto._features import encode_trace_receipt
 from nsq_proto._message import encode_message_data
 from nsq_proto._state import ALLOWED, Command
+from nsq_proto.wire import encode_frame
 
 from .helpers import (
     error,
@@ -116,7 +116,7 @@ def test_tls_upgrade_hands_back_buffered_bytes_and_waits() -> None:
         conn.receive_data(b"x", 0.0)
     conn.tls_established(0.1)
     # OK inside TLS (plain), then the snappy-compressed OK, in one read
-    from nsq_proto import SnappyCodec
+    from nsq_proto.wire import SnappyCodec
 
     server = SnappyCodec()
     conn.receive_data(response(b"OK") + server.compress(response(b"OK")), 0.2)
@@ -129,7 +129,7 @@ def test_tls_upgrade_hands_back_buffered_bytes_and_waits() -> None:
 
 
 def test_deflate_switch_in_the_same_read_as_identify_response() -> None:
-    from nsq_proto import DeflateCodec
+    from nsq_proto.wire import DeflateCodec
 
     conn = Connection(ConnectionConfig(deflate=True, deflate_level=6))
     conn.connection_made(0.0)

@@ -24,14 +24,12 @@ from nsq_proto import (
     ConnectionState,
     Consumer,
     ConsumerConfig,
-    DeflateCodec,
     ExtFilter,
     HandshakeTimeout,
     HttpRequest,
     LocalProtocolError,
     LookupdError,
     LookupFailed,
-    MessageLayout,
     MessageReceived,
     Output,
     Producer,
@@ -43,7 +41,6 @@ from nsq_proto import (
     RemoteProtocolError,
     Send,
     ServerError,
-    SnappyCodec,
     StartFrom,
     StartFromApplied,
     StartFromFailed,
@@ -51,10 +48,10 @@ from nsq_proto import (
     Stopped,
     Subscribed,
     TraceReceipt,
-    decode_message,
 )
 from nsq_proto import commands as cmd
 from nsq_proto._features import encode_trace_receipt
+from nsq_proto.wire import DeflateCodec, MessageLayout, SnappyCodec, decode_message
 
 from .helpers import error, identify_response, message, mid, ready_connection, response
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsq_proto import FrameDecoder, FrameTooLarge, RemoteProtocolError, encode_frame
+from nsq_proto import FrameTooLarge, RemoteProtocolError
+from nsq_proto.wire import FrameDecoder, encode_frame
 
 frames_st = st.lists(
     st.tuples(st.sampled_from([0, 1, 2]), st.binary(max_size=300)), min_size=0, max_size=20

@@ -13,17 +13,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nsq_proto import (
-    Connection,
-    ConnectionClosed,
-    ConnectionConfig,
-    DeflateCodec,
-    RemoteProtocolError,
-    SnappyCodec,
-    encode_frame,
-)
+from nsq_proto import Connection, ConnectionClosed, ConnectionConfig, RemoteProtocolError
 from nsq_proto._connection import UNREADABLE
 from nsq_proto._state import ConnectionState
+from nsq_proto.wire import DeflateCodec, SnappyCodec, encode_frame
 
 from .helpers import IDENTIFY_JSON
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nsq_proto import InvalidName, LocalProtocolError, LookupdError, is_valid_topic_name
+from nsq_proto import InvalidName, LocalProtocolError, LookupdError
 from nsq_proto._lookupd import (
     ACCEPT_V1,
     DEFAULT_MAX_BODY_SIZE,
@@ -32,6 +32,7 @@ from nsq_proto._lookupd import (
     partition_addresses,
     union_producers,
 )
+from nsq_proto.wire import is_valid_topic_name
 
 FIXTURE_DIR = Path(__file__).resolve().parents[2] / "spec-fixtures" / "lookupd"
 FIXTURES = sorted(FIXTURE_DIR.glob("*.json"))

@@ -8,14 +8,13 @@ from hypothesis import strategies as st
 from nsq_proto import (
     Connection,
     ConnectionConfig,
-    DeflateCodec,
     Event,
     HeartbeatReceived,
     MessageReceived,
     Output,
     RemoteProtocolError,
-    SnappyCodec,
 )
+from nsq_proto.wire import DeflateCodec, SnappyCodec
 
 from .helpers import error, identify_response, message, mid, response
 
