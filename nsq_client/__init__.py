@@ -3,12 +3,13 @@
 The protocol decisions are the sans-IO cores' (:mod:`nsq_proto`); this package drives them on
 a backend (TCP streams, TLS, events, cancel scopes, task groups and the loop's clock) and gives
 the application its ``Consumer``, ``Producer`` and ``Message``.  ``nsq_anyio`` and ``nsq_trio``
-bind it to anyio and trio; to run it elsewhere, implement :class:`Backend` (most of it comes
-with :class:`BackendBase`) and pass it as the first argument:
+bind it to anyio and trio (their ``Consumer`` and ``Producer`` set ``default_backend``); to run
+it elsewhere, implement :class:`Backend` (most of it comes with :class:`BackendBase`) and give it
+as ``backend=``:
 
 .. code-block:: python
 
-    async with nsq_client.Consumer(MyBackend(), "topic", "channel", nsqd_tcp_addresses=[...]) as c:
+    async with nsq_client.Consumer("topic", "channel", backend=MyBackend(), nsqd_tcp_addresses=[...]) as c:
         async for message in c:
             await message.finish()
 """

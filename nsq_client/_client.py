@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
+
+from nsq_proto import ConfigError
 
 from ._backend import Backend, TaskGroupContext, TaskGroupLike
 from ._driver import Driver
@@ -14,7 +16,19 @@ __all__ = ["ClientBase"]
 class ClientBase:
     """``async with`` plumbing shared by the consumer and the producer."""
 
+    #: the backend of a subclass bound to one event-loop library (``nsq_anyio``, ``nsq_trio``)
+    default_backend: ClassVar[Backend | None] = None
     _driver: Driver
+
+    @classmethod
+    def _backend_of(cls, backend: Backend | None) -> Backend:
+        if backend is not None:
+            return backend
+        if cls.default_backend is None:
+            raise ConfigError(
+                f"{cls.__name__} needs backend=... (or use nsq_anyio's or nsq_trio's {cls.__name__})"
+            )
+        return cls.default_backend
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend

@@ -55,10 +55,10 @@ class Consumer(ClientBase):
 
     def __init__(
         self,
-        backend: Backend,
         topic: str,
         channel: str,
         *,
+        backend: Backend | None = None,
         nsqd_tcp_addresses: Iterable[str] = (),
         lookupd_http_addresses: Iterable[str] = (),
         tls: bool | ssl.SSLContext | None = None,
@@ -68,6 +68,7 @@ class Consumer(ClientBase):
         config: ConsumerConfig | None = None,
         **options: Unpack[ConsumerOptions],
     ) -> None:
+        backend = self._backend_of(backend)
         super().__init__(backend)
         use_tls, context = tls_context(backend, tls)
         self.config = build_config(ConsumerConfig, backend, config, options, tls=use_tls)

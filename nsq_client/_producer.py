@@ -48,8 +48,8 @@ class Producer(ClientBase):
 
     def __init__(
         self,
-        backend: Backend,
         *,
+        backend: Backend | None = None,
         nsqd_tcp_addresses: Iterable[str] = (),
         lookupd_http_addresses: Iterable[str] = (),
         tls: bool | ssl.SSLContext | None = None,
@@ -58,6 +58,7 @@ class Producer(ClientBase):
         config: ProducerConfig | None = None,
         **options: Unpack[ProducerOptions],
     ) -> None:
+        backend = self._backend_of(backend)
         super().__init__(backend)
         use_tls, context = tls_context(backend, tls)
         self.config = build_config(ProducerConfig, backend, config, options, tls=use_tls)

@@ -10,33 +10,10 @@
             await message.finish()
 """
 
-from nsq_client import Message as Message
-from nsq_client import TransportError as TransportError
-from nsq_proto import AuthRequired as AuthRequired
-from nsq_proto import ConfigError as ConfigError
-from nsq_proto import ConnectionClosedError as ConnectionClosedError
-from nsq_proto import LocalProtocolError as LocalProtocolError
-from nsq_proto import NSQError as NSQError
-from nsq_proto import PublishTimeout as PublishTimeout
-from nsq_proto import RemoteProtocolError as RemoteProtocolError
-from nsq_proto import ServerError as ServerError
-from nsq_proto import TraceReceipt as TraceReceipt
+from nsq_client.exports import *  # noqa: F403 (the message, the errors, TraceReceipt)
+from nsq_client.exports import __all__ as _exports
 
 from ._consumer import Consumer as Consumer
 from ._producer import Producer as Producer
 
-__all__ = [
-    "AuthRequired",
-    "ConfigError",
-    "ConnectionClosedError",
-    "Consumer",
-    "LocalProtocolError",
-    "Message",
-    "NSQError",
-    "Producer",
-    "PublishTimeout",
-    "RemoteProtocolError",
-    "ServerError",
-    "TraceReceipt",
-    "TransportError",
-]
+__all__ = [*_exports, "Consumer", "Producer"]

@@ -136,14 +136,16 @@ async def _with_net(body: Any) -> None:
 
 
 async def publish(backend: MemBackend, address: str, topic: str, *bodies: bytes) -> None:
-    async with AsyncProducer(backend, nsqd_tcp_addresses=[address]) as producer:
+    async with AsyncProducer(backend=backend, nsqd_tcp_addresses=[address]) as producer:
         await producer.publish_many(topic, list(bodies))
 
 
 def test_heartbeats_keep_a_quiet_consumer_connected_for_minutes() -> None:
     async def body(net: MemNet, backend: MemBackend) -> None:
         nsqd = net.add_nsqd(1)
-        async with AsyncConsumer(backend, "t", "c", nsqd_tcp_addresses=["nsqd1:4150"]) as consumer:
+        async with AsyncConsumer(
+            "t", "c", backend=backend, nsqd_tcp_addresses=["nsqd1:4150"]
+        ) as consumer:
             start = trio.current_time()
             await trio.sleep(600)  # twenty default heartbeat intervals
             assert trio.current_time() - start >= 600
@@ -170,7 +172,7 @@ def test_backoff_grows_with_failures_and_recovers() -> None:
                 await message.requeue(delay=0.0)
 
         async with AsyncConsumer(
-            backend, "t", "c", nsqd_tcp_addresses=["nsqd1:4150"], max_in_flight=1
+            "t", "c", backend=backend, nsqd_tcp_addresses=["nsqd1:4150"], max_in_flight=1
         ) as consumer:
             start = trio.current_time()
             async with trio.open_nursery() as nursery:
@@ -192,7 +194,7 @@ def test_reconnect_after_the_backoff_delay() -> None:
     async def body(net: MemNet, backend: MemBackend) -> None:
         nsqd = net.add_nsqd(1)
         async with AsyncConsumer(
-            backend, "t", "c", nsqd_tcp_addresses=["nsqd1:4150"], reconnect_jitter=0.0
+            "t", "c", backend=backend, nsqd_tcp_addresses=["nsqd1:4150"], reconnect_jitter=0.0
         ) as consumer:
             await trio.sleep(1)
             nsqd.stop(trio.current_time())
@@ -218,7 +220,7 @@ def test_lookupd_poll_finds_a_new_nsqd_within_a_jittered_interval() -> None:
         net.add_nsqd(1, lookupd)
         await publish(backend, "nsqd1:4150", "t", b"first")
         async with AsyncConsumer(
-            backend, "t", "c", lookupd_http_addresses=["lookupd:4161"], max_in_flight=4
+            "t", "c", backend=backend, lookupd_http_addresses=["lookupd:4161"], max_in_flight=4
         ) as consumer:
             with trio.fail_after(5):
                 message = await consumer.__anext__()
@@ -243,7 +245,7 @@ def test_graceful_stop_waits_for_the_application_then_requeues(seconds: float) -
         nsqd = net.add_nsqd(1)
         await publish(backend, "nsqd1:4150", "t", b"held")
         async with AsyncConsumer(
-            backend, "t", "c", nsqd_tcp_addresses=["nsqd1:4150"], stop_timeout=30.0
+            "t", "c", backend=backend, nsqd_tcp_addresses=["nsqd1:4150"], stop_timeout=30.0
         ) as consumer:
             message = await consumer.__anext__()
 
@@ -273,7 +275,7 @@ def test_partitioned_topic_through_the_public_api() -> None:
         cluster.create_channel("orders", "c", trio.current_time())
         lookupd = ["127.0.0.1:4161"]
         sent: list[bytes] = []
-        async with AsyncProducer(backend, lookupd_http_addresses=lookupd) as producer:
+        async with AsyncProducer(backend=backend, lookupd_http_addresses=lookupd) as producer:
             for n in range(20):
                 key = f"customer-{n % 4}"
                 data = f"{key}:{n}".encode()
@@ -284,7 +286,12 @@ def test_partitioned_topic_through_the_public_api() -> None:
             sent += [b"p1:a", b"p1:b"]
         got: list[Any] = []
         async with AsyncConsumer(
-            backend, "orders", "c", lookupd_http_addresses=lookupd, ordered=True, max_in_flight=8
+            "orders",
+            "c",
+            backend=backend,
+            lookupd_http_addresses=lookupd,
+            ordered=True,
+            max_in_flight=8,
         ) as consumer:
             with trio.fail_after(30):
                 async for message in consumer:
@@ -312,7 +319,7 @@ def test_stop_with_a_timed_out_message_waiting_twice_in_the_inbox() -> None:
         nsqd = net.add_nsqd(1)
         await publish(backend, "nsqd1:4150", "t", b"slow")
         async with AsyncConsumer(
-            backend, "t", "c", nsqd_tcp_addresses=["nsqd1:4150"], msg_timeout=1.0
+            "t", "c", backend=backend, nsqd_tcp_addresses=["nsqd1:4150"], msg_timeout=1.0
         ):
             # never taken: delivered, timed out (nsqd scans a new channel's timeouts from
             # its first 5 s refresh tick on), delivered again
@@ -330,11 +337,13 @@ def test_extension_headers_through_the_public_api() -> None:
         cluster.create_topic("events", trio.current_time(), partitions=1, ext=True)
         cluster.create_channel("events", "c", trio.current_time())
         lookupd = ["127.0.0.1:4161"]
-        async with AsyncProducer(backend, lookupd_http_addresses=lookupd) as producer:
+        async with AsyncProducer(backend=backend, lookupd_http_addresses=lookupd) as producer:
             receipt = await producer.publish("events", b"a", ext={"kind": "x"}, trace_id=5)
             assert receipt is not None and receipt.trace_id == 5
             assert await producer.publish_many("events", [b"b"], ext={"kind": "y"}) is None
-        async with AsyncConsumer(backend, "events", "c", lookupd_http_addresses=lookupd) as c:
+        async with AsyncConsumer(
+            "events", "c", backend=backend, lookupd_http_addresses=lookupd
+        ) as c:
             got = []
             with trio.fail_after(30):
                 async for message in c:

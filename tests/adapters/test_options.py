@@ -84,3 +84,14 @@ def test_the_classes_name_their_public_module(lib: ModuleType) -> None:
     assert lib.Message is nsq_client.Message
     assert repr(nsq_client.Message).endswith("'nsq_client.Message'>")
     assert nsq_client.Consumer.__module__ == "nsq_client"
+
+
+def test_the_shared_client_needs_a_backend_the_adapters_bring_theirs(lib: ModuleType) -> None:
+    with pytest.raises(ConfigError, match=r"Consumer needs backend=\.\.\."):
+        nsq_client.Consumer("t", "c", **AT)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"Producer needs backend=\.\.\."):
+        nsq_client.Producer(**AT)  # type: ignore[arg-type]
+    backend = lib.Consumer.default_backend
+    assert backend is not None
+    consumer = nsq_client.Consumer("t", "c", backend=backend, **AT)  # type: ignore[arg-type]
+    assert consumer.config.max_in_flight == 1
