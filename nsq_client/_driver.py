@@ -148,13 +148,18 @@ class Driver:
                 # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
                 with backend.cancel_scope(
                     deadline=backend.current_time() + self._write_timeout, shield=True
-                ):
+                ) as scope:
                     await link.stream.send(data)
+                if getattr(scope, "cancelled_caught", False):
+                    # part of a command may be on the wire: the connection cannot go on
+                    raise TransportError(
+                        f"writing to {link.host}:{link.port} took over {self._write_timeout} s"
+                    )
                 if not link.pending or link.upgrade:
                     break
                 data = b"".join(link.pending)
                 link.pending.clear()
-        except backend.io_errors as exc:
+        except (TransportError, *backend.io_errors) as exc:
             link.sending = None
             done.set()
             await self._lost(link, exc)

@@ -7,12 +7,21 @@ from __future__ import annotations
 import dataclasses
 import typing
 from types import ModuleType
+from typing import Any
 
+import anyio
 import pytest
 
 import nsq_client
+from nsq_anyio._backend import AnyioBackend
 from nsq_anyio._server import serve_emulator
-from nsq_proto import ConfigError, ConsumerConfig, ProducerConfig, __version__
+from nsq_proto import (
+    ConfigError,
+    ConnectionClosedError,
+    ConsumerConfig,
+    ProducerConfig,
+    __version__,
+)
 
 AT = {"nsqd_tcp_addresses": ["127.0.0.1:4150"]}
 
@@ -95,3 +104,56 @@ def test_the_shared_client_needs_a_backend_the_adapters_bring_theirs(lib: Module
     assert backend is not None
     consumer = nsq_client.Consumer("t", "c", backend=backend, **AT)  # type: ignore[arg-type]
     assert consumer.config.max_in_flight == 1
+
+
+class _StallingStream:
+    """A stream whose writes hang once ``stall`` is set (a peer that stopped reading)."""
+
+    def __init__(self, inner: nsq_client.Stream, owner: _StallingBackend) -> None:
+        self.inner = inner
+        self.owner = owner
+
+    async def send(self, data: bytes) -> None:
+        if self.owner.stall:
+            await anyio.sleep_forever()
+        await self.inner.send(data)
+
+    async def receive(self) -> bytes:
+        return await self.inner.receive()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _StallingBackend(AnyioBackend):
+    """nsq_anyio's backend with streams that can stop taking writes: a custom backend, as a
+    user brings one to nsq_client."""
+
+    stall = False
+
+    async def connect_tcp(self, host: str, port: int) -> Any:
+        return _StallingStream(await super().connect_tcp(host, port), self)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_write_over_write_timeout_fails_the_connection(anyio_backend: str) -> None:
+    backend = _StallingBackend()
+    async with serve_emulator(lookupd=False) as cluster:
+        async with nsq_client.Producer(
+            backend=backend,
+            nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+            write_timeout=0.3,
+            publish_timeout=10.0,
+            max_publish_attempts=1,
+        ) as producer:
+            await producer.publish("t", b"before")
+            backend.stall = True
+            started = anyio.current_time()
+            with pytest.raises(ConnectionClosedError, match=r"writing to .* took over 0.3 s"):
+                await producer.publish("t", b"stalled")
+            # the connection failed at the write's deadline, not at publish_timeout
+            assert anyio.current_time() - started < 3.0
+        assert cluster.nsqds[0].topic_stats("t").message_count == 1
+    with pytest.raises(ConfigError, match="write_timeout must be a positive number"):
+        ProducerConfig(write_timeout=0)
