@@ -79,6 +79,10 @@ class Driver:
         self._write_timeout = write_timeout
         self._links: dict[int, _Link] = {}
         self._failures: tuple[type[BaseException], ...] = (TimeoutError, *backend.io_errors)
+        self._write_failures: tuple[type[BaseException], ...] = (
+            TransportError,
+            *backend.io_errors,
+        )
         self._wake: EventLike = backend.event()
         self._tg: TaskGroupLike | None = None
 
@@ -159,7 +163,7 @@ class Driver:
                     break
                 data = b"".join(link.pending)
                 link.pending.clear()
-        except (TransportError, *backend.io_errors) as exc:
+        except self._write_failures as exc:
             link.sending = None
             done.set()
             await self._lost(link, exc)
