@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
-from nsq_proto import ConfigError
+from nsq_proto import ClientCore, ConfigError, Event
 
 from ._backend import Backend, TaskGroupContext, TaskGroupLike
 from ._driver import Driver
+from ._options import tls_context
 
 __all__ = ["ClientBase"]
 
@@ -30,17 +31,36 @@ class ClientBase:
             )
         return cls.default_backend
 
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
+    def __init__(self, backend: Backend | None, tls: object, tls_hostname: str | None) -> None:
+        self._backend = backend = self._backend_of(backend)
+        #: whether to upgrade to TLS, and with which context (``tls``: None, True or one)
+        self._use_tls, self._ssl_context = tls_context(backend, tls)
+        self._tls_hostname = tls_hostname
         self._clock: Callable[[], float] = backend.current_time
         self._tg_cm: TaskGroupContext | None = None
         self._tg: TaskGroupLike | None = None
 
-    async def _enter(self) -> None:
+    def _drive(
+        self, core: ClientCore, on_event: Callable[[Event], None], write_timeout: float
+    ) -> None:
+        """Run ``core`` on this client's backend, its events to ``on_event``."""
+        self._driver = Driver(
+            self._backend,
+            core,
+            on_event,
+            ssl_context=self._ssl_context,
+            tls_hostname=self._tls_hostname,
+            write_timeout=write_timeout,
+        )
+
+    async def __aenter__(self) -> Self:
         self._clock = self._backend.clock()
         self._tg_cm = self._backend.task_group()
         self._tg = await self._tg_cm.__aenter__()
         self._tg.start_soon(self._driver.run, self._tg)
+        self._driver.core.start(self._backend.current_time())
+        self._driver.wake()
+        return self
 
     async def _exit(self, exc_info: tuple[Any, Any, Any]) -> bool | None:
         assert self._tg is not None and self._tg_cm is not None

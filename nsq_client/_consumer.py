@@ -8,7 +8,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import suppress
-from typing import Any, Self, Unpack
+from typing import Any, Unpack
 
 from nsq_proto import (
     ConfigError,
@@ -30,9 +30,8 @@ from nsq_proto import Message as CoreMessage
 
 from ._backend import Backend
 from ._client import ClientBase
-from ._driver import Driver
 from ._message import GiveUpHook, Handler, Message, _Inbox
-from ._options import ConsumerOptions, build_config, tls_context
+from ._options import ConsumerOptions, build_config
 from ._stats import ConsumerStats
 
 __all__ = ["Consumer"]
@@ -68,10 +67,9 @@ class Consumer(ClientBase):
         config: ConsumerConfig | None = None,
         **options: Unpack[ConsumerOptions],
     ) -> None:
-        backend = self._backend_of(backend)
-        super().__init__(backend)
-        use_tls, context = tls_context(backend, tls)
-        self.config = build_config(ConsumerConfig, backend, config, options, tls=use_tls)
+        super().__init__(backend, tls, tls_hostname)
+        backend = self._backend
+        self.config = build_config(ConsumerConfig, backend, config, options, tls=self._use_tls)
         self._core = ConsumerCore(
             topic,
             channel,
@@ -82,14 +80,7 @@ class Consumer(ClientBase):
         )
         self.topic = topic
         self.channel = channel
-        self._driver = Driver(
-            backend,
-            self._core,
-            self._on_event,
-            ssl_context=context,
-            tls_hostname=tls_hostname,
-            write_timeout=self.config.write_timeout,
-        )
+        self._drive(self._core, self._on_event, self.config.write_timeout)
         self._on_give_up = on_give_up
         self._inbox = _Inbox(backend)
         self._closing = False
@@ -101,12 +92,6 @@ class Consumer(ClientBase):
         self.connection_errors: deque[BaseException] = deque(maxlen=_KEEP_ERRORS)
         #: the latest answer of a lookupd (None before the first)
         self.last_lookup: LookupSucceeded | None = None
-
-    async def __aenter__(self) -> Self:
-        await self._enter()
-        self._core.start(self._backend.current_time())
-        self._driver.wake()
-        return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         cancelled = isinstance(exc_info[1], self._backend.cancelled_exc_class())

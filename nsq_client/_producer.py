@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import ssl
 from collections.abc import Iterable, Mapping
-from typing import Any, Self, Unpack
+from typing import Any, Unpack
 
 from nsq_proto import (
     Event,
@@ -20,8 +20,7 @@ from nsq_proto import Producer as ProducerCore
 
 from ._backend import Backend, EventLike
 from ._client import ClientBase
-from ._driver import Driver
-from ._options import ProducerOptions, build_config, tls_context
+from ._options import ProducerOptions, build_config
 from ._stats import ProducerStats
 
 __all__ = ["Producer"]
@@ -58,32 +57,18 @@ class Producer(ClientBase):
         config: ProducerConfig | None = None,
         **options: Unpack[ProducerOptions],
     ) -> None:
-        backend = self._backend_of(backend)
-        super().__init__(backend)
-        use_tls, context = tls_context(backend, tls)
-        self.config = build_config(ProducerConfig, backend, config, options, tls=use_tls)
+        super().__init__(backend, tls, tls_hostname)
+        backend = self._backend
+        self.config = build_config(ProducerConfig, backend, config, options, tls=self._use_tls)
         self._core = ProducerCore(
             self.config,
             nsqd_tcp_addresses=nsqd_tcp_addresses,
             lookupd_http_addresses=lookupd_http_addresses,
             rng=rng,
         )
-        self._driver = Driver(
-            backend,
-            self._core,
-            self._on_event,
-            ssl_context=context,
-            tls_hostname=tls_hostname,
-            write_timeout=self.config.write_timeout,
-        )
+        self._drive(self._core, self._on_event, self.config.write_timeout)
         self._waiters: dict[int, _Waiter] = {}
         self._closed = False
-
-    async def __aenter__(self) -> Self:
-        await self._enter()
-        self._core.start(self._backend.current_time())
-        self._driver.wake()
-        return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         await self.aclose()
