@@ -47,20 +47,12 @@ class ProducerCommands(ConnectionCore):
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
 
     def _pub(self, params: list[bytes]) -> Proto:
-        opts = self._node.options
         if len(params) < 2:
             raise fatal("E_INVALID", "PUB insufficient number of parameters")
         topic_name = params[1]
         if not valid_name(topic_name):
             raise fatal("E_BAD_TOPIC", b"PUB topic name " + go_quote(topic_name) + b" is not valid")
-        size = yield from self._read_len(
-            fatal("E_BAD_MESSAGE", "PUB failed to read message body size")
-        )
-        if size <= 0:
-            raise fatal("E_BAD_MESSAGE", f"PUB invalid message body size {size}")
-        if size > opts.max_msg_size:
-            raise fatal("E_BAD_MESSAGE", f"PUB message too big {size} > {opts.max_msg_size}")
-        body = yield Read(size, fatal("E_BAD_MESSAGE", "PUB failed to read message body"))
+        body = yield from self._read_body("PUB")
         self._check_auth("PUB", topic_name, b"")
         name = topic_name.decode()
         node = self._node
@@ -68,6 +60,21 @@ class ProducerCommands(ConnectionCore):
         node.put(topic, node.new_message(topic, body, self._now), self._now)
         self._published(name, 1)
         return OK
+
+    def _read_body(self, command: str) -> Generator[Step, Any, bytes]:
+        """The size-prefixed body of a PUB or DPUB, checked as nsqd checks it."""
+        max_size = self._node.options.max_msg_size
+        size = yield from self._read_len(
+            fatal("E_BAD_MESSAGE", f"{command} failed to read message body size")
+        )
+        if size <= 0:
+            raise fatal("E_BAD_MESSAGE", f"{command} invalid message body size {size}")
+        if size > max_size:
+            raise fatal("E_BAD_MESSAGE", f"{command} message too big {size} > {max_size}")
+        body: bytes = yield Read(
+            size, fatal("E_BAD_MESSAGE", f"{command} failed to read message body")
+        )
+        return body
 
     def _mpub(self, params: list[bytes]) -> Proto:
         opts = self._node.options
@@ -111,14 +118,7 @@ class ProducerCommands(ConnectionCore):
         max_ms = round(opts.max_req_timeout * 1000)
         if delay_ns < 0 or delay_ns > max_ms * MS:
             raise fatal("E_INVALID", f"DPUB timeout {parsed} out of range 0-{max_ms}")
-        size = yield from self._read_len(
-            fatal("E_BAD_MESSAGE", "DPUB failed to read message body size")
-        )
-        if size <= 0:
-            raise fatal("E_BAD_MESSAGE", f"DPUB invalid message body size {size}")
-        if size > opts.max_msg_size:
-            raise fatal("E_BAD_MESSAGE", f"DPUB message too big {size} > {opts.max_msg_size}")
-        body = yield Read(size, fatal("E_BAD_MESSAGE", "DPUB failed to read message body"))
+        body = yield from self._read_body("DPUB")
         self._check_auth("DPUB", topic_name, b"")
         name = topic_name.decode()
         node = self._node
