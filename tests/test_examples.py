@@ -117,3 +117,29 @@ def test_the_producer_exits_1_when_nsqd_cannot_be_reached() -> None:
     assert out.stdout == ""
     assert "message 1 failed: publish 1 not acknowledged in time" in out.stderr
     assert "Connection refused" in out.stderr
+
+
+def test_the_full_client_runs_on_a_backend_of_the_users_own(emulator: Emulator) -> None:
+    count = 300
+    out = run_example("metered_backend.py", emulator.address, "ex_metered", str(count))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    lines = [line.split() for line in out.stdout.splitlines()]
+    # one connection each: every byte of both clients went through the user's streams
+    assert [(role, address) for role, address, _, _ in lines] == [
+        ("producer", emulator.address),
+        ("consumer", emulator.address),
+    ]
+    (_, _, pub_sent, pub_received), (_, _, sub_sent, sub_received) = (
+        (role, address, int(sent), int(received)) for role, address, sent, received in lines
+    )
+    bodies = [b"message %d" % i for i in range(count)]
+    # MPUB: a length before each body; answered with a few small frames
+    assert pub_sent > sum(4 + len(body) for body in bodies)
+    assert 0 < pub_received < 1000
+    # each message frame: size, frame type, timestamp, attempts, id, body; a FIN for each
+    assert sub_received > sum(4 + 4 + 8 + 2 + 16 + len(body) for body in bodies)
+    assert sub_sent > count * len(b"FIN 0123456789abcdef\n")
+    stats = emulator.channel_stats("ex_metered", "metered")
+    assert (stats.message_count, stats.depth, stats.in_flight_count) == (count, 0, 0)
+    assert stats.requeue_count == 0
