@@ -83,7 +83,11 @@ def documented_default(cell: str) -> str:
 
 def expected_default(name: str, cls: type) -> str:
     (f,) = [f for f in fields(cls) if f.name == name]
-    value = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+    if f.default is MISSING:
+        assert callable(f.default_factory), f"{cls.__name__}.{name} has no default"
+        value = f.default_factory()
+    else:
+        value = f.default
     if name == "user_agent":
         return '"nsq_proto/<version>"'  # the version changes; the page says which
     return repr(value).replace("'", '"')

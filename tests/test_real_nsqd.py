@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
+from nsq_client import Message
 from tests.faults._servers import auth_server, free_port, wait_http
 
 NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
@@ -92,7 +93,8 @@ WAYS = [("nsq_anyio", "asyncio"), ("nsq_anyio", "trio"), ("nsq_trio", "trio")]
 
 @pytest.fixture(params=WAYS, ids=[f"{lib}-{backend}" for lib, backend in WAYS])
 def way(request: pytest.FixtureRequest) -> tuple[str, str]:
-    return request.param  # type: ignore[no-any-return]
+    lib, backend = request.param
+    return str(lib), str(backend)
 
 
 @pytest.fixture
@@ -148,7 +150,7 @@ async def test_graceful_stop_loses_nothing(
     async with lib.Consumer(
         topic, "c", nsqd_tcp_addresses=[servers.nsqd_tcp], max_in_flight=10, stop_timeout=1.0
     ) as consumer:
-        held = []
+        held: list[Message] = []
         with anyio.fail_after(20):
             async for message in consumer:
                 if len(held) < 3:
@@ -260,8 +262,16 @@ def test_spark_source_holds_max_in_flight_over_several_connections(servers: Serv
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from nsq_anyio.blocking import Producer
-    from nsq_spark import SCHEMA, NSQStreamReader
+    from nsq_spark import SCHEMA, NSQInputPartition, NSQStreamReader
     from nsq_spark._options import parse_source_options
+
+    def rows_in(parts: Sequence[object]) -> int:
+        """The rows of a batch's partitions (each one the source's own, which has a length)."""
+        rows = 0
+        for part in parts:
+            assert isinstance(part, NSQInputPartition), part
+            rows += len(part)
+        return rows
 
     topic = "spark_pool"
     with Producer(nsqd_tcp_addresses=[servers.nsqd_tcp]) as producer:
@@ -285,12 +295,12 @@ def test_spark_source_holds_max_in_flight_over_several_connections(servers: Serv
         channel = servers.stats(topic)["topics"][0]["channels"][0]
         assert (channel["in_flight_count"], len(channel["clients"])) == (6000, 3)
         assert all(c["ready_count"] <= 2500 for c in channel["clients"])
-        rows = sum(len(p) for p in reader.partitions(start, end))  # type: ignore[arg-type]
+        rows = rows_in(reader.partitions(start, end))
         end2 = end
         while end2["seq"] < 6500 and time.monotonic() < deadline:
             time.sleep(0.05)
             end2 = reader.latestOffset(end, ReadAllAvailable())
-        rows += sum(len(p) for p in reader.partitions(end, end2))  # type: ignore[arg-type]
+        rows += rows_in(reader.partitions(end, end2))
         reader.commit(end2)
         while time.monotonic() < deadline:
             channel = servers.stats(topic)["topics"][0]["channels"][0]

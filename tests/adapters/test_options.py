@@ -23,7 +23,7 @@ from nsq_proto import (
     __version__,
 )
 
-AT = {"nsqd_tcp_addresses": ["127.0.0.1:4150"]}
+ADDRESSES = ["127.0.0.1:4150"]
 
 
 def test_an_unknown_option_is_a_config_error_naming_it(lib: ModuleType) -> None:
@@ -36,24 +36,24 @@ def test_an_unknown_option_is_a_config_error_naming_it(lib: ModuleType) -> None:
 def test_tls_v1_points_at_tls(lib: ModuleType) -> None:
     with pytest.raises(ConfigError, match=r"give tls=True .* not tls_v1"):
         lib.Consumer("t", "c", tls_v1=True)
-    assert lib.Consumer("t", "c", tls=True, **AT).config.tls_v1 is True
-    assert lib.Producer(**AT).config.tls_v1 is False
+    assert lib.Consumer("t", "c", tls=True, nsqd_tcp_addresses=ADDRESSES).config.tls_v1 is True
+    assert lib.Producer(nsqd_tcp_addresses=ADDRESSES).config.tls_v1 is False
 
 
 def test_a_config_object_with_options_on_top(lib: ModuleType) -> None:
     base = ConsumerConfig(max_in_flight=7, msg_timeout=20.0, user_agent="mine/1")
-    consumer = lib.Consumer("t", "c", config=base, msg_timeout=30.0, **AT)
+    consumer = lib.Consumer("t", "c", config=base, msg_timeout=30.0, nsqd_tcp_addresses=ADDRESSES)
     assert consumer.config.max_in_flight == 7
     assert consumer.config.msg_timeout == 30.0  # the keyword wins
     assert consumer.config.user_agent == "mine/1"  # what the user set stays
     assert consumer.config.client_id  # filled in from this machine, as without config=
-    producer = lib.Producer(config=ProducerConfig(pool_size=3), **AT)
+    producer = lib.Producer(config=ProducerConfig(pool_size=3), nsqd_tcp_addresses=ADDRESSES)
     assert producer.config.pool_size == 3
     assert producer.config.user_agent == f"nsq-sansio/{__version__}"
     with pytest.raises(ConfigError, match="config must be a ConsumerConfig, not ProducerConfig"):
         lib.Consumer("t", "c", config=ProducerConfig())
-    with pytest.raises(ConfigError, match="max_in_flight"):
-        lib.Consumer("t", "c", config=base, max_in_flight=-1, **AT)  # checked as always
+    with pytest.raises(ConfigError, match="max_in_flight"):  # checked as always
+        lib.Consumer("t", "c", config=base, max_in_flight=-1, nsqd_tcp_addresses=ADDRESSES)
 
 
 @pytest.mark.parametrize(
@@ -97,12 +97,12 @@ def test_the_classes_name_their_public_module(lib: ModuleType) -> None:
 
 def test_the_shared_client_needs_a_backend_the_adapters_bring_theirs(lib: ModuleType) -> None:
     with pytest.raises(ConfigError, match=r"Consumer needs backend=\.\.\."):
-        nsq_client.Consumer("t", "c", **AT)  # type: ignore[arg-type]
+        nsq_client.Consumer("t", "c", nsqd_tcp_addresses=ADDRESSES)
     with pytest.raises(ConfigError, match=r"Producer needs backend=\.\.\."):
-        nsq_client.Producer(**AT)  # type: ignore[arg-type]
+        nsq_client.Producer(nsqd_tcp_addresses=ADDRESSES)
     backend = lib.Consumer.default_backend
     assert backend is not None
-    consumer = nsq_client.Consumer("t", "c", backend=backend, **AT)  # type: ignore[arg-type]
+    consumer = nsq_client.Consumer("t", "c", backend=backend, nsqd_tcp_addresses=ADDRESSES)
     assert consumer.config.max_in_flight == 1
 
 

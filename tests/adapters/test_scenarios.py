@@ -12,6 +12,7 @@ import pytest
 import trustme
 
 from nsq_anyio._server import serve_emulator
+from nsq_client import Message
 from nsq_proto import ConfigError, LocalProtocolError
 from nsq_proto.testing import Authorization, AuthState, static_authorizer
 
@@ -231,7 +232,7 @@ async def test_graceful_stop_loses_nothing(lib: ModuleType) -> None:
         async with lib.Consumer(
             "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=20, stop_timeout=1.0
         ) as consumer:
-            held = []
+            held: list[Message] = []
             with anyio.fail_after(TIMEOUT):
                 async for message in consumer:
                     if len(held) < 5:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
@@ -24,7 +26,7 @@ from .helpers import error, identify_response, response
 from .test_consumer import http_response
 
 
-def sends(outputs: list[object]) -> dict[int, bytes]:
+def sends(outputs: Iterable[object]) -> dict[int, bytes]:
     got: dict[int, bytes] = {}
     for o in outputs:
         if isinstance(o, Send):
@@ -33,9 +35,9 @@ def sends(outputs: list[object]) -> dict[int, bytes]:
 
 
 def started(
-    addresses: list[str], version: str = "1.3.0", **config: object
+    addresses: list[str], version: str = "1.3.0", **config: Any
 ) -> tuple[Producer, dict[str, int]]:
-    core = Producer(ProducerConfig(**config), nsqd_tcp_addresses=addresses, rng=random.Random(0))  # type: ignore[arg-type]
+    core = Producer(ProducerConfig(**config), nsqd_tcp_addresses=addresses, rng=random.Random(0))
     core.start(0.0)
     ids: dict[str, int] = {}
     for o in core.outputs():
@@ -244,11 +246,11 @@ def test_connection_config_keeps_only_connection_settings() -> None:
 
 
 def sharded_publish(
-    answer: bytes, key: str = "hello", **config: object
+    answer: bytes, key: str = "hello", **config: Any
 ) -> tuple[Producer, int, list[object]]:
     """A sharding-key publish behind a lookupd that answers ``answer``; the outputs after the
     connections to every listed partition are ready."""
-    core = Producer(ProducerConfig(**config), lookupd_http_addresses=["l:4161"])  # type: ignore[arg-type]
+    core = Producer(ProducerConfig(**config), lookupd_http_addresses=["l:4161"])
     core.start(0.0)
     rid = core.publish("orders", b"x", 0.0, sharding_key=key)
     (req,) = [o for o in core.outputs() if isinstance(o, HttpRequest)]

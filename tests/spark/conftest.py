@@ -17,7 +17,7 @@ from nsq_anyio._server import serve_emulator
 from .helpers import Emulator
 
 try:  # without the spark extra there is nothing to test here
-    import pyarrow  # noqa: F401
+    import pyarrow  # type: ignore[import-untyped]  # noqa: F401 (no type information, as in nsq_spark)
     import pyspark  # noqa: F401
 except ImportError:
     collect_ignore_glob = ["test_*.py"]

@@ -30,6 +30,24 @@ class Emulator:
 
         return self.portal.call(run)
 
+    def stop_nsqd(self) -> None:
+        """Stop the nsqd (its connections closed, its queues kept as on disk)."""
+
+        def stop() -> None:
+            self.nsqd.stop(self.cluster.now())
+            self.cluster.kick()
+
+        self.on_loop(stop)
+
+    def start_nsqd(self) -> None:
+        """Start the stopped nsqd again, on the same port."""
+
+        def start() -> None:
+            self.nsqd.start(self.cluster.now())
+            self.cluster.kick()
+
+        self.on_loop(start)
+
     def publish(self, topic: str, bodies: list[bytes]) -> None:
         async def run() -> None:
             async with nsq_anyio.Producer(nsqd_tcp_addresses=[self.address]) as producer:

@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import pytest
 
@@ -71,10 +71,9 @@ class EmulatedNSQD:
         return Counts(s.depth, s.in_flight_count, s.requeue_count)
 
     def restart(self) -> None:
-        nsqd, cluster = self.emulator.nsqd, self.emulator.cluster
-        self.emulator.on_loop(lambda: (nsqd.stop(cluster.now()), cluster.kick()))
+        self.emulator.stop_nsqd()
         time.sleep(0.5)
-        self.emulator.on_loop(lambda: (nsqd.start(cluster.now()), cluster.kick()))
+        self.emulator.start_nsqd()
 
 
 class RealNSQD:
@@ -248,7 +247,7 @@ class Driver:
 
 def committed_rows(out: Path) -> list[dict[str, Any]]:
     """The rows of every batch in Spark's file-sink log (what a reader of OUT sees)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # no type information
 
     log = out / "_spark_metadata"
     if not log.exists():
@@ -280,18 +279,26 @@ def test_killed_and_terminated_drivers_lose_nothing(target: Target, tmp_path: Pa
         wait_for(lambda: finished() >= before + step, timeout=120, interval=0.05)
 
     ends: list[tuple[str, int, int, float]] = []
-    ways = [signal.SIGKILL, signal.SIGKILL, signal.SIGKILL, signal.SIGTERM, None, "restart"]
-    for i, how in enumerate(ways):
+    # a signal, query.stop() (None), or query.stop() after an nsqd restart under the driver
+    ways: list[signal.Signals | Literal["restart"] | None] = [
+        signal.SIGKILL,
+        signal.SIGKILL,
+        signal.SIGKILL,
+        signal.SIGTERM,
+        None,
+        "restart",
+    ]
+    for i, way in enumerate(ways):
+        how = way if isinstance(way, signal.Signals) else None
         before = finished()
         driver = Driver(target, topic, out, checkpoint)
         try:
             # ended in the middle of the stream: a few batches in, messages held, at a
             # different point of a batch each time
             progress(before)
-            if how == "restart":
+            if way == "restart":
                 target.restart()  # nsqd, under the running driver
                 progress(finished())
-                how = None
             time.sleep(0.07 * i)
             counts = target.counts(topic)
             held = 0 if counts is None else counts.in_flight
@@ -299,7 +306,7 @@ def test_killed_and_terminated_drivers_lose_nothing(target: Target, tmp_path: Pa
             seconds = driver.end(how)
         finally:
             driver.kill()
-        name = how.name if how is not None else "stop" if ways[i] is None else "nsqd restart"
+        name = how.name if how is not None else "stop" if way is None else "nsqd restart"
         ends.append((name, finished(), held, seconds))
         assert finished() < n, "the stream should have been ended in the middle"
         if how is None:
@@ -320,14 +327,14 @@ def test_killed_and_terminated_drivers_lose_nothing(target: Target, tmp_path: Pa
         driver.end(None)
     finally:
         driver.kill()
-    counts = collections.Counter(r["body"] for r in rows)
+    copies_of = collections.Counter(r["body"] for r in rows)
     duplicates = len(rows) - n
     print(f"ends (signal, finished, held, seconds to exit): {ends}; {duplicates} duplicates")
-    assert set(counts) == set(sent)
+    assert set(copies_of) == set(sent)
     # what the ended drivers held came back from nsqd, and was written
     assert sum(e[2] for e in ends) > 0
     assert any(r["attempts"] >= 2 for r in rows)
-    for body, count in counts.items():
+    for body, count in copies_of.items():
         if count > 1:  # a duplicate is a redelivery: one id, attempts say so
             copies = [r for r in rows if r["body"] == body]
             assert len({r["id"] for r in copies}) == 1

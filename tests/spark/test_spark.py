@@ -440,7 +440,7 @@ def test_a_failed_publish_fails_the_write_after_one_try_on_local(
                 .save()
             )
     finally:
-        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        context.setLocalProperty("spark.jobGroup.id", None)
     assert "PublishTimeout: publish 1 not acknowledged in time" in last_line(info.value)
     # local[N] tries a task once (local[N,M]: M times; a cluster: spark.task.maxFailures)
     assert context.master == "local[2]"
@@ -647,7 +647,11 @@ def test_an_idle_topic_makes_no_batch_and_a_new_message_comes_within_a_trigger(
             body = f"late{i}".encode()
             published = time.monotonic()
             emulator.publish(topic, [body])
-            wait_for(lambda b=body: b in arrived, timeout=20, interval=0.02)  # type: ignore[misc]
+
+            def has_arrived(b: bytes = body) -> bool:
+                return b in arrived
+
+            wait_for(has_arrived, timeout=20, interval=0.02)
             waits.append(arrived[body] - published)
             time.sleep(0.37 * (i + 1))  # at a different point of the trigger each time
         durations = [

@@ -8,11 +8,11 @@ import logging
 import pickle
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]  # no type information (as in nsq_spark)
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -23,6 +23,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StringType, StructField, StructType
 
+from nsq_client import ConsumerConnectionStats
 from nsq_spark import (
     SCHEMA,
     ConnectTimeout,
@@ -216,6 +217,15 @@ def readers() -> Iterator[list[NSQStreamReader]]:
         reader.stop()
 
 
+def row_counts(parts: Sequence[object]) -> list[int]:
+    """The rows of each of a batch's partitions (each one the source's own, with a length)."""
+    counts = []
+    for part in parts:
+        assert isinstance(part, NSQInputPartition), part
+        counts.append(len(part))
+    return counts
+
+
 def held_count(reader: NSQStreamReader) -> int:
     runtime = reader._runtime
     assert runtime is not None
@@ -260,7 +270,7 @@ def test_reader_numbers_messages_and_finishes_after_commit(
     assert end == {"seq": 10}
     assert reader.reportLatestOffset() == {"seq": 30}
     parts = reader.partitions(start, end)
-    assert [len(p) for p in parts] == [5, 5]  # type: ignore[arg-type]
+    assert row_counts(parts) == [5, 5]
     batches = [b for p in parts for b in reader.read(p)]
     assert all(b.schema.equals(to_arrow_schema(SCHEMA, timezone="UTC")) for b in batches)
     table = pa.Table.from_batches(batches)
@@ -344,12 +354,12 @@ def test_a_new_reader_continues_the_numbering_and_stop_requeues(
     assert set(rows.column("attempts").to_pylist()) == {2}  # redelivered: duplicates are visible
 
 
-def connections(reader: NSQStreamReader) -> list[dict[str, Any]]:
+def connections(reader: NSQStreamReader) -> list[ConsumerConnectionStats]:
     """The subscribed connections of the reader's consumers."""
     runtime = reader._runtime
     assert runtime is not None
 
-    async def collect() -> list[dict[str, Any]]:
+    async def collect() -> list[ConsumerConnectionStats]:
         return [
             c
             for consumer in runtime.feed.consumers
@@ -384,7 +394,7 @@ def test_max_in_flight_above_nsqds_cap_opens_more_connections(
     assert emulator.channel_stats(topic, "c").in_flight_count == 6000
     # the batch is committed: its FINs go out, and the rest comes in
     parts = reader.partitions(start, end)
-    assert sum(len(p) for p in parts) == 6000  # type: ignore[arg-type]
+    assert sum(row_counts(parts)) == 6000
     end2 = wait_for(
         lambda: (e := reader.latestOffset(end, ReadAllAvailable()))["seq"] == 6500 and e,
         20,
@@ -464,6 +474,7 @@ def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
     reader = NSQStreamReader(options, schema, handle_sigterm=False)
     message = SimpleNamespace(id=b"0123456789abcdef", body=b"text")
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    # a stand-in for the message: only the attributes of the schema's columns are read
     part = NSQInputPartition(0, record_batch([message], arrow_schema, "t"))  # type: ignore[list-item]
     (batch,) = list(reader.read(pickle.loads(pickle.dumps(part))))
     assert batch.to_pylist() == [{"id": "0123456789abcdef", "body": "text"}]
@@ -617,9 +628,8 @@ def test_an_nsqd_restart_while_a_batch_runs_loses_nothing() -> None:
                     0.05,
                 )
                 first = [b for p in reader.partitions(start, end) for b in reader.read(p)]
-                nsqd = emulator.nsqd
-                emulator.on_loop(lambda: (nsqd.stop(cluster.now()), cluster.kick()))
-                emulator.on_loop(lambda: (nsqd.start(cluster.now()), cluster.kick()))
+                emulator.stop_nsqd()
+                emulator.start_nsqd()
                 seen = pa.Table.from_batches(first).to_pylist()
                 reader.commit(end)
                 deadline = time.monotonic() + 30

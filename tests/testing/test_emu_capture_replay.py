@@ -131,8 +131,11 @@ def _http_parts(raw: str) -> tuple[str, str, list[tuple[str, str]], bytes]:
     head, _, body = raw.partition("\r\n\r\n")
     lines = head.split("\r\n")
     method, target, _ = lines[0].split(" ", 2)
-    headers = [tuple(line.split(": ", 1)) for line in lines[1:]]
-    return method, target, headers, body.encode("latin-1")  # type: ignore[return-value]
+    headers: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        name, value = line.split(": ", 1)
+        headers.append((name, value))
+    return method, target, headers, body.encode("latin-1")
 
 
 def _without_date(raw: bytes) -> bytes:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from _emu_helpers import Client, pub_cmd
 
 from nsq_proto.testing import Lookupd, Nsqd, NsqdOptions, NsqdStopped
+
+from ._emu_helpers import Client, pub_cmd
 
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}
 

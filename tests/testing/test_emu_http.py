@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from _emu_helpers import Client
-
 from nsq_proto.testing import Lookupd, Nsqd, NsqdOptions
+
+from ._emu_helpers import Client
 
 V1 = [("Accept", "application/vnd.nsq; version=1.0")]
 

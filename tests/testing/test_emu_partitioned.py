@@ -6,20 +6,21 @@ import json
 import struct
 
 import pytest
-from _emu_helpers import ORDERED_LAYOUT, PARTITIONED_LAYOUT, Client, body
 
 from nsq_proto._features import parse_trace_receipt
 from nsq_proto._message import MessageLayout
 from nsq_proto.testing import Cluster, Nsqd, NsqdOptions
 
+from ._emu_helpers import ORDERED_LAYOUT, PARTITIONED_LAYOUT, Client, body
+
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}
 V1 = [("Accept", "application/vnd.nsq; version=1.0")]
 
 
-def cluster(**kw: object) -> Cluster:
+def cluster(*, ordered: bool = False, writable: bool = True) -> Cluster:
     # every timer exact (the real server refreshes its queue-scan list every 5 s)
     c = Cluster(3, options=NsqdOptions(partitioned=True, queue_scan_refresh_interval=0.0))
-    c.create_topic("orders", 0.0, partitions=2, replicas=2, **kw)  # type: ignore[arg-type]
+    c.create_topic("orders", 0.0, partitions=2, replicas=2, ordered=ordered, writable=writable)
     return c
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from _emu_helpers import Client
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from nsq_proto.testing import Nsqd
+
+from ._emu_helpers import Client
 
 N_CLIENTS = 3
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 60000, "msg_timeout": 2000}

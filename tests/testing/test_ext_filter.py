@@ -4,6 +4,7 @@ matches; the others are finished for the whole channel."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -106,7 +107,9 @@ def test_the_filter_travels_in_identify() -> None:
         lambda: ConnectionConfig(ext_filter={"type": 1}),  # type: ignore[arg-type]
     ],
 )
-def test_a_filter_the_server_would_silently_ignore_is_refused_here(make: object) -> None:
+def test_a_filter_the_server_would_silently_ignore_is_refused_here(
+    make: Callable[[], object],
+) -> None:
     # the server logs a filter it cannot build and then delivers everything
     with pytest.raises(ConfigError):
-        make()  # type: ignore[operator]
+        make()

@@ -7,10 +7,13 @@ import random
 import pytest
 
 from nsq_proto import (
+    ClientCore,
+    Connect,
     ConnectionClosed,
     Consumer,
     ConsumerConfig,
     Event,
+    HttpRequest,
     LocalProtocolError,
     LookupdError,
     MessageReceived,
@@ -113,11 +116,14 @@ def test_ordered_partitions_keep_their_order_under_sub_ordered() -> None:
     rng = random.Random(5)
     held: list[MessageReceived] = []
 
+    def partition_of(conn_id: int) -> int | None:
+        stats = consumer.connection_stats(conn_id)
+        assert stats is not None
+        return stats.partition
+
     def on_event(event: Event) -> None:
         if isinstance(event, MessageReceived):
-            stats = consumer.connection_stats(event.conn_id)
-            assert stats is not None
-            received.append((stats.partition, event.message.body))
+            received.append((partition_of(event.conn_id), event.message.body))
             held.append(event)
 
     net.attach(consumer, on_event)
@@ -133,7 +139,7 @@ def test_ordered_partitions_keep_their_order_under_sub_ordered() -> None:
         if not held:
             break
         # under SUB_ORDERED at most one message per partition is ever held
-        partitions = [consumer.connection_stats(e.conn_id).partition for e in held]  # type: ignore[union-attr]
+        partitions = [partition_of(e.conn_id) for e in held]
         assert len(partitions) == len(set(partitions))
         event = held.pop(rng.randrange(len(held)))
         consumer.finish(event.conn_id, event.message.id, net.now)
@@ -196,7 +202,9 @@ def test_producer_follows_a_moved_partition_leader() -> None:
     assert new_leader.topic_stats("orders", partition=1).message_count == 2
 
 
-def cluster_with_two_lookupds() -> tuple[MemoryNetwork, Lookupd, Lookupd, Consumer, list[object]]:
+def cluster_with_two_lookupds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[MemoryNetwork, Lookupd, Lookupd, Consumer, list[tuple[str, int, float]]]:
     """A consumer that knows only the first lookupd of a cluster of two, and the HTTP
     requests it makes (host, port, time)."""
     net = MemoryNetwork()
@@ -205,35 +213,37 @@ def cluster_with_two_lookupds() -> tuple[MemoryNetwork, Lookupd, Lookupd, Consum
     cluster.create_channel("orders", "c", net.now)
     seed, other = cluster.lookupds
     consumer = Consumer("orders", "c", lookupd_http_addresses=[f"127.0.0.1:{seed.http_port}"])
-    asked: list[object] = []
+    asked: list[tuple[str, int, float]] = []
     real_http = net._http
 
-    def spy(core: object, req: object) -> None:
-        asked.append((req.host, req.port, net.now))  # type: ignore[attr-defined]
-        real_http(core, req)  # type: ignore[arg-type]
+    def spy(core: ClientCore, req: HttpRequest) -> None:
+        asked.append((req.host, req.port, net.now))
+        real_http(core, req)
 
-    net._http = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(net, "_http", spy)
     net.attach(consumer)
     net.start()
     net.advance(0.1)
     return net, seed, other, consumer, asked
 
 
-def test_consumer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> None:
-    _, _, other, consumer, asked = cluster_with_two_lookupds()
+def test_consumer_learns_the_other_lookupd_of_a_cluster_from_listlookup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, _, other, consumer, asked = cluster_with_two_lookupds(monkeypatch)
     # polled right after /listlookup
-    assert ("127.0.0.1", other.http_port) in [(h, p) for h, p, _ in asked]  # type: ignore[misc]
+    assert ("127.0.0.1", other.http_port) in [(h, p) for h, p, _ in asked]
     assert len(consumer.connections()) == 2
     # a standard nsqlookupd is never asked for /listlookup
     net2, _, _ = two_nsqd_network()
     sent: list[bytes] = []
     real_http2 = net2._http
 
-    def spy2(core: object, req: object) -> None:
-        sent.append(req.data)  # type: ignore[attr-defined]
-        real_http2(core, req)  # type: ignore[arg-type]
+    def spy2(core: ClientCore, req: HttpRequest) -> None:
+        sent.append(req.data)
+        real_http2(core, req)
 
-    net2._http = spy2  # type: ignore[method-assign]
+    monkeypatch.setattr(net2, "_http", spy2)
     plain = Consumer("t", "c", lookupd_http_addresses=["lookupd:4161"])
     net2.attach(plain)
     net2.start()
@@ -243,7 +253,9 @@ def test_consumer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> Non
     assert all(data.startswith(b"GET /lookup?") for data in sent)
 
 
-def test_producer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> None:
+def test_producer_learns_the_other_lookupd_of_a_cluster_from_listlookup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     net = MemoryNetwork()
     cluster = net.add_cluster(Cluster(nodes=2, lookupds=2))
     cluster.create_topic("orders", net.now, partitions=2)
@@ -261,11 +273,11 @@ def test_producer_learns_the_other_lookupd_of_a_cluster_from_listlookup() -> Non
     seen: list[int] = []
     real_http = net._http
 
-    def spy(core: object, req: object) -> None:
-        seen.append(req.port)  # type: ignore[attr-defined]
-        real_http(core, req)  # type: ignore[arg-type]
+    def spy(core: ClientCore, req: HttpRequest) -> None:
+        seen.append(req.port)
+        real_http(core, req)
 
-    net._http = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(net, "_http", spy)
     producer.publish("other_topic", b"y", net.now)
     net.run_until_idle()
     assert sorted(set(seen)) == sorted({seed.http_port, other.http_port})
@@ -400,11 +412,13 @@ def test_unroutable_publishes_fail_at_once_with_the_cause() -> None:
     assert "Topic has no channel" in str(failed[refused])
 
 
-def test_a_lookupd_learned_from_listlookup_is_dropped_once_it_stays_dead() -> None:
-    net, seed, other, consumer, requests = cluster_with_two_lookupds()
+def test_a_lookupd_learned_from_listlookup_is_dropped_once_it_stays_dead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    net, seed, other, consumer, requests = cluster_with_two_lookupds(monkeypatch)
 
     def ports() -> list[int]:
-        return [port for _, port, _ in requests]  # type: ignore[misc]
+        return [port for _, port, _ in requests]
 
     assert other.http_port in ports()
     # the learned lookupd goes away for good; so does the seed, for a while
@@ -461,8 +475,8 @@ def test_the_servers_repeated_head_is_dropped_even_after_its_original_was_answer
         nsqd_tcp_addresses=["n1:4150"],
     )
     consumer.start(0.0)
-    (connect,) = [o for o in consumer.outputs() if type(o).__name__ == "Connect"]
-    cid = connect.conn_id  # type: ignore[attr-defined]
+    (connect,) = [o for o in consumer.outputs() if isinstance(o, Connect)]
+    cid = connect.conn_id
     consumer.connection_made(cid, 0.0)
     from tests.proto.helpers import identify_response, response
 

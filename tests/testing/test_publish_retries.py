@@ -9,6 +9,8 @@ request that may still be retried.
 
 from __future__ import annotations
 
+from typing import Any
+
 from nsq_proto import (
     ConnectionClosed,
     Event,
@@ -44,8 +46,8 @@ def partitioned(
     return net, cluster
 
 
-def started_producer(net: MemoryNetwork, **config: object) -> Producer:
-    producer = Producer(ProducerConfig(**config), lookupd_http_addresses=LOOKUPD)  # type: ignore[arg-type]
+def started_producer(net: MemoryNetwork, **config: Any) -> Producer:
+    producer = Producer(ProducerConfig(**config), lookupd_http_addresses=LOOKUPD)
     net.attach(producer)
     net.start()
     # learn the route first, so later publishes are sent at once

@@ -4,6 +4,7 @@ of the in-memory network: time to recover, and how hard lookupd and nsqd get ask
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from nsq_proto import Consumer, ConsumerConfig, Event, MessageReceived
 from nsq_proto.testing import Lookupd, MemoryNetwork, Nsqd, NsqdOptions
@@ -18,14 +19,14 @@ def lookupd_network() -> tuple[MemoryNetwork, Nsqd, Lookupd]:
 
 
 def consuming(
-    net: MemoryNetwork, nsqd_tcp_addresses: tuple[str, ...] | list[str] = (), **options: object
+    net: MemoryNetwork, nsqd_tcp_addresses: tuple[str, ...] | list[str] = (), **options: Any
 ) -> tuple[Consumer, list[bytes]]:
     """A consumer that finishes every message it gets (behind lookupd unless given nsqd)."""
     seen: list[bytes] = []
     consumer = Consumer(
         "t",
         "c",
-        ConsumerConfig(max_in_flight=10, **options),  # type: ignore[arg-type]
+        ConsumerConfig(max_in_flight=10, **options),
         nsqd_tcp_addresses=nsqd_tcp_addresses,
         lookupd_http_addresses=() if nsqd_tcp_addresses else ["lookupd:4161"],
         rng=random.Random(3),

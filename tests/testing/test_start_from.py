@@ -7,6 +7,8 @@ server without its partition token and would move whichever partition the node l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from nsq_proto import (
@@ -41,12 +43,12 @@ def backlog(*, channel: bool = True, nodes: int = 1) -> tuple[MemoryNetwork, Clu
 
 
 def consume(
-    net: MemoryNetwork, start_from: object
+    net: MemoryNetwork, start_from: StartFrom | Mapping[int, StartFrom]
 ) -> tuple[Consumer, list[tuple[int | None, bytes]], list[object]]:
     consumer = Consumer(
         "events",
         "c",
-        ConsumerConfig(max_in_flight=20, start_from=start_from),  # type: ignore[arg-type]
+        ConsumerConfig(max_in_flight=20, start_from=start_from),
         lookupd_http_addresses=LOOKUPD,
     )
     got: list[tuple[int | None, bytes]] = []
