@@ -57,7 +57,7 @@ class ClientBase:
         self._clock = self._backend.clock()
         self._tg_cm = self._backend.task_group()
         self._tg = await self._tg_cm.__aenter__()
-        self._tg.start_soon(self._driver.run, self._tg)
+        self._driver.start(self._tg)
         self._driver.core.start(self._backend.current_time())
         self._driver.wake()
         return self

@@ -51,6 +51,9 @@ class _Link:
     sending: EventLike | None = None
     #: TLS is up and nothing was read since
     tls_fresh: bool = False
+    #: a write failed because the peer went away: the read loop reports it once it has read
+    #: what the peer said before (often the error that made it close)
+    write_error: BaseException | None = None
 
 
 class Driver:
@@ -84,10 +87,31 @@ class Driver:
             *backend.io_errors,
         )
         self._wake: EventLike = backend.event()
+        self._woken = False
+        #: the deadline the pump task sleeps until (-inf while it runs: it looks again)
+        self._sleeping_until = -math.inf
         self._tg: TaskGroupLike | None = None
 
     def wake(self) -> None:
-        self._wake.set()
+        if not self._woken:  # once per pump pass (called for every answer)
+            self._woken = True
+            self._wake.set()
+
+    async def drain_here(self) -> None:
+        """Carry out the core's outputs in the calling task, now: what a call into the core
+        produced goes out without a hop to the pump task (the latency of a publish, of a
+        read).  Wakes the pump task when the core's next deadline moved before the one it
+        sleeps until."""
+        await self._drain()
+        deadline = self.core.next_deadline()
+        if deadline is not None and deadline < self._sleeping_until:
+            self.wake()
+
+    def start(self, task_group: TaskGroupLike) -> None:
+        """Run the pump task in ``task_group`` (from now on, outputs may be carried out from
+        any task: connections and lookups start in that group)."""
+        self._tg = task_group
+        task_group.start_soon(self.run, task_group)
 
     async def run(self, task_group: TaskGroupLike) -> None:
         """The pump loop; runs until cancelled."""
@@ -96,13 +120,18 @@ class Driver:
         core = self.core
         while True:
             self._wake = backend.event()
+            self._woken = False
             core.handle_timer(backend.current_time())  # an early call does nothing
             await self._drain()
             if self._wake.is_set():
                 continue
             deadline = core.next_deadline()
-            with backend.cancel_scope(deadline=math.inf if deadline is None else deadline):
-                await self._wake.wait()
+            self._sleeping_until = until = math.inf if deadline is None else deadline
+            try:
+                with backend.cancel_scope(deadline=until):
+                    await self._wake.wait()
+            finally:
+                self._sleeping_until = -math.inf
 
     async def flush(self) -> None:
         """Carry out every pending output now (when the pump task may be cancelled)."""
@@ -139,7 +168,7 @@ class Driver:
 
     async def _send(self, conn_id: int, data: bytes) -> None:
         link = self._links.get(conn_id)
-        if link is None or link.closed:
+        if link is None or link.closed or link.write_error is not None:
             return
         if link.stream is None or link.upgrade or link.sending is not None:
             link.pending.append(data)  # written once connected, TLS is up, or by the writer
@@ -166,7 +195,12 @@ class Driver:
         except self._write_failures as exc:
             link.sending = None
             done.set()
-            await self._lost(link, exc)
+            if isinstance(exc, TransportError):
+                await self._lost(link, exc)  # too slow: the peer may be frozen, close now
+            else:
+                # the peer closed or reset: its last words (an error frame) may be unread
+                # yet; the read loop reaches the end of the stream at once and reports this
+                link.write_error = exc
             return
         link.sending = None
         done.set()
@@ -250,17 +284,18 @@ class Driver:
                     # an alert right after the handshake is nsqd refusing it (TLS 1.3 servers
                     # refuse a client certificate only after the client's side is done)
                     refused = self._tls_failure(link, exc) if link.tls_fresh else None
-                    await self._lost(link, refused or exc)
+                    await self._lost(link, refused or link.write_error or exc)
                     return
                 link.read_scope = None
             if data is None:
                 continue  # the read was cancelled: an upgrade or a close
             if not data:
-                await self._lost(link, None)
+                await self._lost(link, link.write_error)
                 return
             link.tls_fresh = False
             core.receive_data(link.conn_id, data, backend.current_time())
-            self.wake()
+            # the events and answers of these bytes, from this task: one hop less
+            await self.drain_here()
 
     async def _upgrade(self, link: _Link) -> bool:
         backend = self.backend

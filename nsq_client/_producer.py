@@ -105,8 +105,9 @@ class Producer(ClientBase):
     async def _wait(self, request_id: int) -> TraceReceipt | None:
         waiter = _Waiter(self._backend.event())
         self._waiters[request_id] = waiter
-        self._driver.wake()
         try:
+            # written from this task: no hop to the pump task on the way out
+            await self._driver.drain_here()
             await waiter.done.wait()
         finally:
             self._waiters.pop(request_id, None)

@@ -20,6 +20,7 @@ from nsq_proto import (
     ConnectionClosedError,
     ConsumerConfig,
     ProducerConfig,
+    ServerError,
     __version__,
 )
 
@@ -157,3 +158,58 @@ async def test_a_write_over_write_timeout_fails_the_connection(anyio_backend: st
         assert cluster.nsqds[0].topic_stats("t").message_count == 1
     with pytest.raises(ConfigError, match="write_timeout must be a positive number"):
         ProducerConfig(write_timeout=0)
+
+
+class _BrokenPipeStream:
+    """Writes ``MPUB`` data, waits for the peer's answer to arrive, then fails the write as
+    the kernel does once the peer closed (``EPIPE``): the state a client is in when nsqd
+    refused a command with an error frame and closed the connection."""
+
+    def __init__(self, inner: nsq_client.Stream) -> None:
+        self.inner = inner
+        self.written: anyio.Event | None = None
+
+    async def receive(self) -> bytes:
+        data = await self.inner.receive()
+        if self.written is not None:
+            await self.written.wait()  # what came during the write is read after it failed
+        return data
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def send(self, data: bytes) -> None:
+        if not data.startswith(b"MPUB "):
+            await self.inner.send(data)
+            return
+        self.written = anyio.Event()
+        try:
+            await self.inner.send(data)
+            await anyio.sleep(0.2)  # nsqd's error frame and its close are in our socket now
+            raise BrokenPipeError(32, "Broken pipe")
+        finally:
+            self.written.set()
+
+
+class _BrokenPipeBackend(AnyioBackend):
+    async def connect_tcp(self, host: str, port: int) -> Any:
+        return _BrokenPipeStream(await super().connect_tcp(host, port))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_failed_write_does_not_hide_the_error_nsqd_sent_before_closing(
+    anyio_backend: str,
+) -> None:
+    async with serve_emulator(lookupd=False) as cluster:
+        async with nsq_client.Producer(
+            backend=_BrokenPipeBackend(),
+            nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+            max_publish_attempts=1,
+        ) as producer:
+            await producer.publish("t", b"before")
+            # over nsqd's max_msg_size: nsqd answers E_BAD_MESSAGE and closes; the user sees
+            # that answer, not the broken pipe of the write it interrupted
+            with pytest.raises(ServerError) as info:
+                await producer.publish_many("t", [b"x" * 2_000_000])
+            assert info.value.code == "E_BAD_MESSAGE"
