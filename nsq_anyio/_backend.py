@@ -14,9 +14,20 @@ from anyio.streams.tls import TLSStream
 
 from nsq_client import Backend, BackendBase, Stream
 
+from . import _asyncio_stream as asyncio_stream
+from ._asyncio_stream import AsyncioStream
+
 __all__ = ["AnyioBackend", "AnyioStream"]
 
 _READ_SIZE = 256 * 1024
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # trio through anyio
+        return False
+    return True
 
 
 class AnyioStream:
@@ -74,12 +85,17 @@ class AnyioBackend(BackendBase):
     async def checkpoint(self) -> None:
         await anyio.lowlevel.checkpoint()
 
-    async def connect_tcp(self, host: str, port: int) -> AnyioStream:
+    async def connect_tcp(self, host: str, port: int) -> AnyioStream | AsyncioStream:
+        if _on_asyncio():
+            # straight on the transport: no loop iteration before each write (see the module)
+            return await asyncio_stream.connect(host, port)
         return AnyioStream(await anyio.connect_tcp(host, port))
 
     async def start_tls(
         self, stream: Stream, ssl_context: Any, hostname: str | None
-    ) -> AnyioStream:
+    ) -> AnyioStream | AsyncioStream:
+        if isinstance(stream, AsyncioStream):
+            return await stream.start_tls(ssl_context, hostname)
         assert isinstance(stream, AnyioStream)
         tls = await TLSStream.wrap(
             stream.raw,
