@@ -201,7 +201,8 @@ class Consumer(ClientBase):
         return Message(self, conn_id, message, info[0], info[1])
 
     def _finish(self, message: Message) -> None:
-        self._core.finish(message.conn_id, message.id, self._clock(), attempts=message.attempts)
+        delivered = message._message
+        self._core.finish(message.conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
         self._driver.wake()
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
@@ -303,8 +304,9 @@ class Consumer(ClientBase):
                 if not message.has_responded:
                     await message.requeue()
             else:
-                if not message.has_responded:
-                    await message.finish()
+                if not message._responded:
+                    message._responded = True  # what ``await message.finish()`` does
+                    self._finish(message)
 
     def is_starved(self) -> bool:
         return self._core.is_starved()

@@ -51,9 +51,16 @@ from ._features import (
     parse_trace_receipt,
 )
 from ._frames import CLOSE_WAIT, HEARTBEAT, OK, FrameDecoder
-from ._message import STANDARD_LAYOUT, MessageLayout, decode_message
+from ._message import (
+    _TS_ATTEMPTS,
+    MESSAGE_HEADER_SIZE,
+    STANDARD_LAYOUT,
+    Message,
+    MessageLayout,
+    decode_message,
+)
 from ._outputs import Close, Output, Send, StartTLS
-from ._state import HANDSHAKE_STATES, Command, ConnectionState, check_command
+from ._state import ALLOWED, HANDSHAKE_STATES, Command, ConnectionState, check_command
 
 __all__ = ["Connection", "NON_FATAL_ERRORS", "parse_error_frame"]
 
@@ -79,6 +86,7 @@ UNREADABLE = "unreadable data from nsqd"
 _MESSAGE = 2
 _ERROR = 1
 _CAN_RECEIVE_MESSAGES = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
+_CAN_ANSWER = ALLOWED[Command.ANSWER]
 
 # kinds of requests that wait for a response frame, in FIFO order
 _SUB = 0
@@ -263,6 +271,8 @@ class Connection:
         frames = self._decoder.feed(data)
         conn_id = self.conn_id
         layout = self.layout
+        standard = layout is STANDARD_LAYOUT
+        unpack_header = _TS_ATTEMPTS.unpack_from
         outputs = self._outputs
         for frame_type, payload in frames:
             if frame_type == _MESSAGE:
@@ -270,7 +280,11 @@ class Connection:
                     raise RemoteProtocolError(
                         f"message frame in state {self.state.value} (not subscribed)"
                     )
-                message = decode_message(payload, layout)
+                if standard and len(payload) >= MESSAGE_HEADER_SIZE:
+                    timestamp, attempts = unpack_header(payload)
+                    message = Message(payload[10:26], timestamp, attempts, payload[26:])
+                else:
+                    message = decode_message(payload, layout)
                 if self._wbuf:
                     self._flush()
                 outputs.append(MessageReceived(conn_id, message))
@@ -506,6 +520,12 @@ class Connection:
     def finish(self, msg_id: bytes) -> None:
         check_command(self.state, Command.ANSWER)
         self._send(cmd.fin(msg_id))
+
+    def _finish_delivered(self, msg_id: bytes) -> None:
+        """FIN of an id this connection delivered (so a valid one): the consumer's hot path."""
+        if self.state not in _CAN_ANSWER:
+            check_command(self.state, Command.ANSWER)
+        self._wbuf += b"FIN " + msg_id + b"\n"
 
     def finish_many(self, msg_ids: Sequence[bytes]) -> None:
         """FIN each of ``msg_ids`` (one buffer append for all)."""

@@ -13,6 +13,7 @@ Where go-nsq refines the client guide, this core does what go-nsq does; those pl
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ from ._lookupd import (
 )
 from ._message import Message
 from ._names import check_channel, check_topic
-from ._outputs import Connect
+from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
 from ._rdy import CAN_RDY, RdyPlanner
 from ._start_from import StartFrom
@@ -480,7 +481,20 @@ class Consumer(MultiConnectionCore[_Conn]):
         out = self._outputs
         rdy = self._rdy
         max_attempts = self.config.max_attempts
-        while (item := conn.next_output()) is not None:
+        while items := conn.outputs():
+            self._pump_items(rec, conn, items, out, rdy, max_attempts, now)
+
+    def _pump_items(
+        self,
+        rec: _Conn,
+        conn: Connection,
+        items: list[Output],
+        out: deque[Output],
+        rdy: RdyPlanner,
+        max_attempts: int,
+        now: float,
+    ) -> None:
+        for item in items:
             if type(item) is MessageReceived:
                 message = item.message
                 self.messages_received += 1
@@ -647,12 +661,29 @@ class Consumer(MultiConnectionCore[_Conn]):
         all the same (the work is done; nsqd answers the non-fatal ``E_FIN_FAILED`` when it
         had nothing to finish), as go-nsq does."""
         self._now = now
+        rec = self._conns.get(conn_id)
+        if rec is not None and not rec.ordered and not rec.copies:
+            # the common case, inline: one delivery held, no ordered books to keep
+            message = rec.in_flight.pop(msg_id, None)
+            if message is None:
+                raise LocalProtocolError(
+                    f"message {msg_id!r} is not in flight on connection {conn_id}"
+                )
+            self.messages_finished += 1
+            rec.conn._finish_delivered(msg_id)
+            if attempts is None or attempts >= message.attempts:
+                self._rdy.success(now)
+            if self._stopping:
+                self._after_answer(rec, now)
+            else:
+                self._rdy.answered(rec, now)
+            return True
         taken = self._take(conn_id, msg_id, attempts)
         if taken is None:
             return False
         rec, _, stale = taken
         self.messages_finished += 1
-        rec.conn.finish(msg_id)
+        rec.conn._finish_delivered(msg_id)
         if rec.ordered:
             self._finish_repeat(rec, msg_id)
         if not stale:

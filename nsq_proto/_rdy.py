@@ -239,6 +239,17 @@ class RdyPlanner:
     def answered(self, rec: RdyConn, now: float) -> None:
         """The application answered a message of ``rec`` (after :meth:`success` or
         :meth:`failure`, if it counts for backoff): refill its RDY if it ran low."""
+        remain = rec.remaining
+        share = self._share
+        last = rec.rdy
+        if (
+            share is not None
+            and remain > 1
+            and remain * 4 >= last
+            and share >= last
+            and not rec.ordered
+        ):
+            return  # plenty left and the share did not fall: what _maybe_update_rdy says
         self._maybe_update_rdy(rec, now)
 
     def success(self, now: float) -> None:
