@@ -4,7 +4,7 @@
     python benchmarks/throughput.py sub --nsqd-tcp-address 127.0.0.1:4150 --topic bench --channel c --count 200000
 
 ``pub`` publishes with MPUB batches of 100 (``--outstanding`` batches in flight), ``sub``
-consumes and FINishes through a handler per message (``--concurrency`` of them at once, each
+fills a fresh topic (``--topic`` and a random suffix) with ``--count`` messages, then consumes and FINishes through a handler per message (``--concurrency`` of them at once, each
 awaiting ``--handler-sleep`` seconds, as a handler doing I/O would: with 100 handlers and
 10 ms, the ideal is 100 / 0.01 s = 10,000 msgs/s).  The last line is
 ``pub_msgs_per_s=<float>`` or ``sub_msgs_per_s=<float>``.
@@ -104,6 +104,10 @@ def main() -> None:
     else:
         lib = importlib.import_module("nsq_anyio")
         backend = args.backend
+    if args.mode == "sub":
+        # a fresh topic, filled beforehand: the run measures consuming alone
+        args.topic = f"{args.topic}_{uuid.uuid4().hex[:8]}"
+        asyncio.run(bare.pub(args.nsqd_tcp_address, args.topic, args.count + 1000, args.size))
     runner = pub if args.mode == "pub" else sub
     rate = anyio.run(runner, args, lib, backend=backend)
     if args.bare:
