@@ -18,6 +18,7 @@ __all__ = [
     "NSQTimeout",
     "ReadTimeout",
     "HandshakeTimeout",
+    "PublishTimeout",
     "AuthRequired",
     "PERMANENT_CODES",
     "permanent_cause",
@@ -100,6 +101,10 @@ class ReadTimeout(NSQTimeout):
 
 class HandshakeTimeout(ReadTimeout):
     """nsqd accepted the connection but did not complete the handshake in time."""
+
+
+class PublishTimeout(NSQTimeout):
+    """No nsqd acknowledged the publish within ``publish_timeout``."""
 
 
 class AuthRequired(NSQError):

@@ -26,7 +26,7 @@ from ._errors import (
     LocalProtocolError,
     LookupdError,
     NSQError,
-    NSQTimeout,
+    PublishTimeout,
     ServerError,
     fresh_copy,
     permanent_cause,
@@ -59,10 +59,6 @@ _DPUB = "DPUB"
 #: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
 _RETRY_BASE = 0.008
 _RETRY_STEP = 0.010
-
-
-class PublishTimeout(NSQTimeout):
-    """No nsqd acknowledged the publish within ``publish_timeout``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
