@@ -1,4 +1,10 @@
-"""Validated configuration of one nsqd connection (what IDENTIFY asks for)."""
+"""Validated configuration: of one nsqd connection (what IDENTIFY asks for), and of the consumer
+and producer cores built on it.
+
+These stay plain Python dataclasses in the compiled (mypyc) build too: their checks look at the
+type of each value given (``True`` is not a count), which compiled attributes would convert
+first.  :class:`ConsumerConfig` and :class:`ProducerConfig` are re-exported by ``_consumer``
+and ``_producer``."""
 
 from __future__ import annotations
 
@@ -10,9 +16,18 @@ from typing import Any
 from ._errors import ConfigError
 from ._ext_filter import ExtFilter
 from ._frames import DEFAULT_MAX_FRAME_SIZE
+from ._partitioned import Hasher
+from ._start_from import StartFrom
 from ._version import __version__
 
-__all__ = ["ConfigError", "ConnectionConfig", "DEFAULT_USER_AGENT", "check_seconds"]
+__all__ = [
+    "ConfigError",
+    "ConnectionConfig",
+    "ConsumerConfig",
+    "ProducerConfig",
+    "DEFAULT_USER_AGENT",
+    "check_seconds",
+]
 
 #: the user agent of every connection and lookupd request unless ``user_agent`` says otherwise
 DEFAULT_USER_AGENT = f"nsq-sansio/{__version__}"
@@ -162,3 +177,151 @@ class ConnectionConfig:
             body["ext_filter"] = self.ext_filter.to_json()
         body.update(self.identify_extra)
         return body
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerConfig(ConnectionConfig):
+    """Consumer settings: the connection settings plus go-nsq's consumer options (seconds)."""
+
+    max_in_flight: int = 1
+    #: 0: unlimited
+    max_attempts: int = 5
+    default_requeue_delay: float = 90.0
+    max_requeue_delay: float = 900.0
+    #: switch backoff off for latency-sensitive consumers
+    backoff: bool = True
+    backoff_multiplier: float = 1.0
+    max_backoff_duration: float = 120.0
+    lookupd_poll_interval: float = 60.0
+    lookupd_poll_jitter: float = 0.3
+    lookupd_poll_timeout: float = 60.0
+    #: after losing a connection found through lookupd, ask lookupd again this soon (go-nsq
+    #: asks at once); doubled while the nsqd stays away, up to lookupd_poll_interval, so a
+    #: flapping nsqd cannot make the consumer ask more than once a this-long
+    lookupd_recheck_delay: float = 1.0
+    low_rdy_idle_timeout: float = 10.0
+    low_rdy_timeout: float = 30.0
+    rdy_redistribute_interval: float = 5.0
+    dial_timeout: float = 1.0
+    #: reconnect delay for a fixed nsqd list: 8 s, 16 s, 32 s ... up to the maximum, jittered
+    reconnect_delay: float = 8.0
+    max_reconnect_delay: float = 30.0
+    reconnect_jitter: float = 0.2
+    #: a graceful stop requeues what the application has not answered after this long
+    stop_timeout: float = 30.0
+    #: FIN messages over max_attempts (else the application must answer them)
+    finish_given_up: bool = True
+    #: partitioned server: subscribe with SUB_ORDERED (one message in flight per partition)
+    ordered: bool = False
+    #: partitioned server: only these partitions (None: all)
+    partitions: tuple[int, ...] | None = None
+    #: partitioned server, behind lookupd: move the channel to this position (one for every
+    #: partition, or partition -> position) when the consumer starts, before it subscribes
+    start_from: StartFrom | Mapping[int, StartFrom] | None = None
+
+    def __post_init__(self) -> None:
+        super(ConsumerConfig, self).__post_init__()
+        if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int):
+            raise ConfigError("max_in_flight must be an int")
+        if self.max_in_flight < 0:
+            raise ConfigError(f"max_in_flight must be >= 0, not {self.max_in_flight}")
+        if self.max_attempts < 0 or self.max_attempts > 65535:
+            raise ConfigError(f"max_attempts must be 0..65535, not {self.max_attempts}")
+        check_seconds(
+            self,
+            (
+                "default_requeue_delay",
+                "max_requeue_delay",
+                "backoff_multiplier",
+                "max_backoff_duration",
+                "lookupd_poll_timeout",
+                "low_rdy_idle_timeout",
+                "low_rdy_timeout",
+                "reconnect_delay",
+                "max_reconnect_delay",
+                "stop_timeout",
+            ),
+            positive=False,
+        )
+        check_seconds(
+            self,
+            (
+                "lookupd_poll_interval",
+                "lookupd_recheck_delay",
+                "rdy_redistribute_interval",
+                "dial_timeout",
+            ),
+            positive=True,
+        )
+        for name in ("lookupd_poll_jitter", "reconnect_jitter"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{name} must be 0..1, not {value!r}")
+        if self.partitions is not None and any(p < 0 for p in self.partitions):
+            raise ConfigError("partitions must be non-negative")
+        start = self.start_from
+        if not (start is None or isinstance(start, StartFrom)) and (
+            not isinstance(start, Mapping)
+            or not all(
+                type(p) is int and p >= 0 and isinstance(s, StartFrom) for p, s in start.items()
+            )
+        ):
+            raise ConfigError(
+                f"start_from must be a StartFrom or a mapping of partition to StartFrom, "
+                f"not {start!r}"
+            )
+
+    def start_position(self, partition: int) -> StartFrom | None:
+        """The ``start_from`` position of ``partition``, if any."""
+        start = self.start_from
+        if start is None or isinstance(start, StartFrom):
+            return start
+        return start.get(partition)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProducerConfig(ConnectionConfig):
+    """Producer settings: connection settings plus pooling, pipelining and retries."""
+
+    #: connections per nsqd
+    pool_size: int = 1
+    #: unanswered requests per connection (pipelining); 1 = one at a time like go-nsq
+    max_outstanding: int = 8
+    #: tries per request over connection losses and cluster errors (1 = never retry)
+    max_publish_attempts: int = 3
+    #: a request not acknowledged within this long fails with PublishTimeout
+    publish_timeout: float = 30.0
+    dial_timeout: float = 1.0
+    reconnect_delay: float = 1.0
+    max_reconnect_delay: float = 60.0
+    reconnect_jitter: float = 0.2
+    lookupd_poll_timeout: float = 10.0
+    #: re-lookup partitioned topics this often
+    lookupd_poll_interval: float = 60.0
+    #: maps a sharding key to a non-negative int; the partition is that value modulo the
+    #: topic's partition count.  None: MurmurHash3 x86 32-bit, seed 0 (what go-nsq users
+    #: configure); give another to place keys as another client does
+    hasher: Hasher | None = None
+
+    def __post_init__(self) -> None:
+        super(ProducerConfig, self).__post_init__()
+        for name in ("pool_size", "max_outstanding", "max_publish_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, not {value!r}")
+        check_seconds(
+            self,
+            (
+                "publish_timeout",
+                "dial_timeout",
+                "reconnect_delay",
+                "max_reconnect_delay",
+                "lookupd_poll_timeout",
+                "lookupd_poll_interval",
+            ),
+            positive=True,
+        )
+        if not 0 <= self.reconnect_jitter <= 1:
+            raise ConfigError("reconnect_jitter must be 0..1")
+        if self.hasher is not None and not callable(self.hasher):
+            raise ConfigError(f"hasher must be a function of the key bytes, not {self.hasher!r}")

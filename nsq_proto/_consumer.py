@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ._config import ConfigError, ConnectionConfig, check_seconds
+from ._config import ConfigError, ConsumerConfig
 from ._connection import Connection
 from ._core import MultiConnectionCore, parse_address
 from ._errors import LocalProtocolError, LookupdError, NSQError
@@ -45,113 +45,12 @@ from ._names import check_channel, check_topic
 from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
 from ._rdy import CAN_RDY, RdyPlanner
-from ._start_from import StartFrom
 from ._state import ConnectionState
 from ._timers import TimerKind
 
 __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 
 _S = ConnectionState
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConsumerConfig(ConnectionConfig):
-    """Consumer settings: the connection settings plus go-nsq's consumer options (seconds)."""
-
-    max_in_flight: int = 1
-    #: 0: unlimited
-    max_attempts: int = 5
-    default_requeue_delay: float = 90.0
-    max_requeue_delay: float = 900.0
-    #: switch backoff off for latency-sensitive consumers
-    backoff: bool = True
-    backoff_multiplier: float = 1.0
-    max_backoff_duration: float = 120.0
-    lookupd_poll_interval: float = 60.0
-    lookupd_poll_jitter: float = 0.3
-    lookupd_poll_timeout: float = 60.0
-    #: after losing a connection found through lookupd, ask lookupd again this soon (go-nsq
-    #: asks at once); doubled while the nsqd stays away, up to lookupd_poll_interval, so a
-    #: flapping nsqd cannot make the consumer ask more than once a this-long
-    lookupd_recheck_delay: float = 1.0
-    low_rdy_idle_timeout: float = 10.0
-    low_rdy_timeout: float = 30.0
-    rdy_redistribute_interval: float = 5.0
-    dial_timeout: float = 1.0
-    #: reconnect delay for a fixed nsqd list: 8 s, 16 s, 32 s ... up to the maximum, jittered
-    reconnect_delay: float = 8.0
-    max_reconnect_delay: float = 30.0
-    reconnect_jitter: float = 0.2
-    #: a graceful stop requeues what the application has not answered after this long
-    stop_timeout: float = 30.0
-    #: FIN messages over max_attempts (else the application must answer them)
-    finish_given_up: bool = True
-    #: partitioned server: subscribe with SUB_ORDERED (one message in flight per partition)
-    ordered: bool = False
-    #: partitioned server: only these partitions (None: all)
-    partitions: tuple[int, ...] | None = None
-    #: partitioned server, behind lookupd: move the channel to this position (one for every
-    #: partition, or partition -> position) when the consumer starts, before it subscribes
-    start_from: StartFrom | Mapping[int, StartFrom] | None = None
-
-    def __post_init__(self) -> None:
-        super(ConsumerConfig, self).__post_init__()
-        if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int):
-            raise ConfigError("max_in_flight must be an int")
-        if self.max_in_flight < 0:
-            raise ConfigError(f"max_in_flight must be >= 0, not {self.max_in_flight}")
-        if self.max_attempts < 0 or self.max_attempts > 65535:
-            raise ConfigError(f"max_attempts must be 0..65535, not {self.max_attempts}")
-        check_seconds(
-            self,
-            (
-                "default_requeue_delay",
-                "max_requeue_delay",
-                "backoff_multiplier",
-                "max_backoff_duration",
-                "lookupd_poll_timeout",
-                "low_rdy_idle_timeout",
-                "low_rdy_timeout",
-                "reconnect_delay",
-                "max_reconnect_delay",
-                "stop_timeout",
-            ),
-            positive=False,
-        )
-        check_seconds(
-            self,
-            (
-                "lookupd_poll_interval",
-                "lookupd_recheck_delay",
-                "rdy_redistribute_interval",
-                "dial_timeout",
-            ),
-            positive=True,
-        )
-        for name in ("lookupd_poll_jitter", "reconnect_jitter"):
-            value = getattr(self, name)
-            if not 0 <= value <= 1:
-                raise ConfigError(f"{name} must be 0..1, not {value!r}")
-        if self.partitions is not None and any(p < 0 for p in self.partitions):
-            raise ConfigError("partitions must be non-negative")
-        start = self.start_from
-        if not (start is None or isinstance(start, StartFrom)) and (
-            not isinstance(start, Mapping)
-            or not all(
-                type(p) is int and p >= 0 and isinstance(s, StartFrom) for p, s in start.items()
-            )
-        ):
-            raise ConfigError(
-                f"start_from must be a StartFrom or a mapping of partition to StartFrom, "
-                f"not {start!r}"
-            )
-
-    def start_position(self, partition: int) -> StartFrom | None:
-        """The ``start_from`` position of ``partition``, if any."""
-        start = self.start_from
-        if start is None or isinstance(start, StartFrom):
-            return start
-        return start.get(partition)
 
 
 @dataclass(slots=True)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import commands as cmd
-from ._config import ConfigError, ConnectionConfig, check_seconds
+from ._config import ProducerConfig
 from ._connection import Connection
 from ._core import MultiConnectionCore
 from ._errors import (
@@ -44,7 +44,7 @@ from ._lookupd import (
 )
 from ._names import check_topic
 from ._outputs import Connect
-from ._partitioned import TOPOLOGY_CHANGED, Hasher, partition_for_key
+from ._partitioned import TOPOLOGY_CHANGED, partition_for_key
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
 
@@ -59,54 +59,6 @@ _DPUB = "DPUB"
 #: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
 _RETRY_BASE = 0.008
 _RETRY_STEP = 0.010
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProducerConfig(ConnectionConfig):
-    """Producer settings: connection settings plus pooling, pipelining and retries."""
-
-    #: connections per nsqd
-    pool_size: int = 1
-    #: unanswered requests per connection (pipelining); 1 = one at a time like go-nsq
-    max_outstanding: int = 8
-    #: tries per request over connection losses and cluster errors (1 = never retry)
-    max_publish_attempts: int = 3
-    #: a request not acknowledged within this long fails with PublishTimeout
-    publish_timeout: float = 30.0
-    dial_timeout: float = 1.0
-    reconnect_delay: float = 1.0
-    max_reconnect_delay: float = 60.0
-    reconnect_jitter: float = 0.2
-    lookupd_poll_timeout: float = 10.0
-    #: re-lookup partitioned topics this often
-    lookupd_poll_interval: float = 60.0
-    #: maps a sharding key to a non-negative int; the partition is that value modulo the
-    #: topic's partition count.  None: MurmurHash3 x86 32-bit, seed 0 (what go-nsq users
-    #: configure); give another to place keys as another client does
-    hasher: Hasher | None = None
-
-    def __post_init__(self) -> None:
-        super(ProducerConfig, self).__post_init__()
-        for name in ("pool_size", "max_outstanding", "max_publish_attempts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, not {value!r}")
-        check_seconds(
-            self,
-            (
-                "publish_timeout",
-                "dial_timeout",
-                "reconnect_delay",
-                "max_reconnect_delay",
-                "lookupd_poll_timeout",
-                "lookupd_poll_interval",
-            ),
-            positive=True,
-        )
-        if not 0 <= self.reconnect_jitter <= 1:
-            raise ConfigError("reconnect_jitter must be 0..1")
-        if self.hasher is not None and not callable(self.hasher):
-            raise ConfigError(f"hasher must be a function of the key bytes, not {self.hasher!r}")
 
 
 @dataclass(slots=True)
@@ -392,11 +344,13 @@ class Producer(MultiConnectionCore[_PConn]):
         check_topic(topic)
         if not bodies:
             raise LocalProtocolError("nothing to publish")
-        for body in bodies:
+        # looked at as given (Any): the compiled build would check each item is bytes first
+        given: Sequence[Any] = bodies
+        for body in given:
             if type(body) is not bytes or not body:
                 if not isinstance(body, bytes | bytearray | memoryview) or not len(body):
                     raise LocalProtocolError("message bodies must be non-empty bytes")
-                bodies = [bytes(b) for b in bodies]
+                bodies = [bytes(b) for b in given]
                 break
         if partition is not None and sharding_key is not None:
             raise LocalProtocolError("give a partition or a sharding key, not both")
