@@ -21,28 +21,25 @@ from setuptools import setup
 #: the mypy that compiles the core (mypyc ships with it)
 MYPY_REQUIREMENT = "mypy>=1.15"
 
-#: compiled with NSQ_SANSIO_MYPYC=1: the pure, typed core on the hot path and around it.
-#: Left out: ``_errors`` (exception classes, some of them also a builtin exception, cannot be
-#: native classes, and gain nothing), ``_version``, the package ``__init__`` and ``wire`` (only
-#: re-exports), and the emulator ``nsq_proto/testing``.
+#: compiled with NSQ_SANSIO_MYPYC=1: the typed core on the hot paths of the consumer and the
+#: producer (frames, messages, commands, the connection, the two cores, RDY and backoff, events,
+#: outputs, states, timers).  The rest stays Python: the configuration (``_config``: its checks
+#: look at the type of each value given, e.g. ``True`` is not a count, which a compiled
+#: attribute would convert first), the lookupd HTTP/JSON parsing (fed ``bytearray`` by h11), the
+#: handshake features, names, compression, partition hashing, start positions and extension
+#: filters (cold paths whose argument checks a compiled signature would pre-empt with a
+#: TypeError), the exceptions (``_errors``: some are also a builtin exception, which a native
+#: class cannot be), the re-exporting ``__init__``/``wire``, and the emulator ``nsq_proto/testing``.
 MYPYC_MODULES = [
-    "nsq_proto/_compress.py",
-    "nsq_proto/_config.py",
     "nsq_proto/_connection.py",
     "nsq_proto/_consumer.py",
     "nsq_proto/_core.py",
     "nsq_proto/_events.py",
-    "nsq_proto/_ext_filter.py",
-    "nsq_proto/_features.py",
     "nsq_proto/_frames.py",
-    "nsq_proto/_lookupd.py",
     "nsq_proto/_message.py",
-    "nsq_proto/_names.py",
     "nsq_proto/_outputs.py",
-    "nsq_proto/_partitioned.py",
     "nsq_proto/_producer.py",
     "nsq_proto/_rdy.py",
-    "nsq_proto/_start_from.py",
     "nsq_proto/_state.py",
     "nsq_proto/_timers.py",
     "nsq_proto/commands.py",
