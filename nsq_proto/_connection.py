@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from . import commands as cmd
 from ._compress import Codec, make_codec
@@ -65,10 +66,10 @@ from ._state import ALLOWED, HANDSHAKE_STATES, Command, ConnectionState, check_c
 __all__ = ["Connection", "NON_FATAL_ERRORS", "parse_error_frame"]
 
 #: the only error codes after which nsqd keeps the connection open (client guide, TCP spec)
-NON_FATAL_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+NON_FATAL_ERRORS: Final = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 #: what the partitioned server answers a publish with and keeps the connection open (spec 5.1):
 #: the requests pipelined behind the refused one are read and answered as usual
-PARTITIONED_PUBLISH_ERRORS = frozenset(
+PARTITIONED_PUBLISH_ERRORS: Final = frozenset(
     {
         "E_FAILED_ON_NOT_LEADER",
         "E_FAILED_ON_NOT_WRITABLE",
@@ -82,20 +83,20 @@ PARTITIONED_PUBLISH_ERRORS = frozenset(
 
 _S = ConnectionState
 #: the text of a RemoteProtocolError raised for data no check of ours refused
-UNREADABLE = "unreadable data from nsqd"
-_MESSAGE = 2
-_ERROR = 1
-_CAN_RECEIVE_MESSAGES = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
-_CAN_ANSWER = ALLOWED[Command.ANSWER]
+UNREADABLE: Final = "unreadable data from nsqd"
+_MESSAGE: Final = 2
+_ERROR: Final = 1
+_CAN_RECEIVE_MESSAGES: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
+_CAN_ANSWER: Final = ALLOWED[Command.ANSWER]
 
 # kinds of requests that wait for a response frame, in FIFO order
-_SUB = 0
-_PUB = 1
-_TRACE = 2
-_CLS = 3
+_SUB: Final = 0
+_PUB: Final = 1
+_TRACE: Final = 2
+_CLS: Final = 3
 #: MPUB_EXT: the server stops reading the batch at a refused message, leaving the rest unread
-_MPUB_EXT = 4
-_PUBLISHES = (_PUB, _TRACE, _MPUB_EXT)
+_MPUB_EXT: Final = 4
+_PUBLISHES: Final = (_PUB, _TRACE, _MPUB_EXT)
 
 
 def parse_error_frame(data: bytes) -> tuple[str, str]:

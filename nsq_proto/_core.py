@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from ._connection import Connection
 from ._errors import ConfigError, LookupdError, NSQError
@@ -26,7 +26,7 @@ from ._timers import TimerKind, Timers
 __all__ = ["ClientCore", "MultiConnectionCore", "ReconnectScheduler", "parse_address"]
 
 #: requests in a row a lookupd learned from /listlookup may leave unanswered before it is dropped
-_MAX_LOOKUPD_FAILURES = 3
+_MAX_LOOKUPD_FAILURES: Final = 3
 
 
 class ClientCore(Protocol):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
+from typing import Final
 
 from ._errors import FrameTooLarge, RemoteProtocolError
 
@@ -17,18 +18,18 @@ __all__ = [
     "CLOSE_WAIT",
 ]
 
-HEARTBEAT = b"_heartbeat_"
-OK = b"OK"
-CLOSE_WAIT = b"CLOSE_WAIT"
+HEARTBEAT: Final = b"_heartbeat_"
+OK: Final = b"OK"
+CLOSE_WAIT: Final = b"CLOSE_WAIT"
 
 #: Largest ``size`` field accepted by default: nsqd's default --max-body-size (5 MiB)
 #: plus room for the message header, rounded up.  Configurable per connection.
-DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
+DEFAULT_MAX_FRAME_SIZE: Final = 8 * 1024 * 1024
 
-_HEADER = struct.Struct(">ii")
-_SIZE = struct.Struct(">i")
-_unpack_header = _HEADER.unpack_from
-_unpack_size = _SIZE.unpack_from
+_HEADER: Final = struct.Struct(">ii")
+_SIZE: Final = struct.Struct(">i")
+_unpack_header: Final = _HEADER.unpack_from
+_unpack_size: Final = _SIZE.unpack_from
 
 
 class FrameType(IntEnum):
@@ -90,6 +91,8 @@ class FrameDecoder:
         pos = 0
         n = len(buf)
         max_size = self._max_size
+        size: int  # declared: the compiled build then compares machine ints, not objects
+        frame_type: int
         try:
             while n - pos >= 8:
                 if limit and len(frames) == limit:

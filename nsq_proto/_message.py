@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Final
 
 from ._errors import RemoteProtocolError
 
@@ -16,12 +17,12 @@ __all__ = [
 ]
 
 #: timestamp:i64 | attempts:u16 | id:16
-MESSAGE_HEADER_SIZE = 26
-_TS_ATTEMPTS = struct.Struct(">qH")
-_unpack_ts_attempts = _TS_ATTEMPTS.unpack_from
-_U16 = struct.Struct(">H")
-_POSITION = struct.Struct(">QI")
-_U64 = struct.Struct(">Q")
+MESSAGE_HEADER_SIZE: Final = 26
+_TS_ATTEMPTS: Final = struct.Struct(">qH")
+_unpack_ts_attempts: Final = _TS_ATTEMPTS.unpack_from
+_U16: Final = struct.Struct(">H")
+_POSITION: Final = struct.Struct(">QI")
+_U64: Final = struct.Struct(">Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class MessageLayout:
     queue_position: bool = False
 
 
-STANDARD_LAYOUT = MessageLayout()
+STANDARD_LAYOUT: Final = MessageLayout()
 
 
 # Not frozen on purpose: a frozen dataclass's __init__ costs ~6x more, and a message is built
@@ -70,6 +71,8 @@ def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Mess
         raise RemoteProtocolError(
             f"message frame of {len(data)} bytes is shorter than the {MESSAGE_HEADER_SIZE}-byte header"
         )
+    timestamp: int
+    attempts: int
     timestamp, attempts = _unpack_ts_attempts(data)
     msg_id = data[10:26]
     if layout is STANDARD_LAYOUT:

@@ -15,7 +15,7 @@ import random
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from . import commands as cmd
 from ._config import ProducerConfig
@@ -52,13 +52,13 @@ __all__ = ["ProducerConfig", "Producer", "PublishTimeout"]
 
 _S = ConnectionState
 
-_PUB = "PUB"
-_NO_DPUB = "the partitioned server has no DPUB (deferred publish): publish without a delay"
-_MPUB = "MPUB"
-_DPUB = "DPUB"
+_PUB: Final = "PUB"
+_NO_DPUB: Final = "the partitioned server has no DPUB (deferred publish): publish without a delay"
+_MPUB: Final = "MPUB"
+_DPUB: Final = "DPUB"
 #: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
-_RETRY_BASE = 0.008
-_RETRY_STEP = 0.010
+_RETRY_BASE: Final = 0.008
+_RETRY_STEP: Final = 0.010
 
 
 @dataclass(slots=True)

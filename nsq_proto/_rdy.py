@@ -45,7 +45,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from ._connection import Connection
 from ._events import BackoffChanged, ConnId
@@ -58,14 +58,14 @@ __all__ = ["ACTIVE", "CAN_RDY", "Backoff", "RdyConn", "RdyPlanner"]
 
 _S = ConnectionState
 #: connections that count for the RDY share (go-nsq: every connected, non-closing conn)
-ACTIVE = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
+ACTIVE: Final = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
 #: connections RDY may be sent on
-CAN_RDY = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
+CAN_RDY: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
 #: nsqd's default max_rdy_count, for a connection whose IDENTIFY answer did not say
 
 # built once: they are looked up on every answer
-_BACKOFF_END = (TimerKind.BACKOFF_END, None)
-_REDISTRIBUTE = (TimerKind.RDY_REDISTRIBUTE, None)
+_BACKOFF_END: Final = (TimerKind.BACKOFF_END, None)
+_REDISTRIBUTE: Final = (TimerKind.RDY_REDISTRIBUTE, None)
 
 
 class RdyConn(Protocol):

@@ -9,6 +9,7 @@ as frames arrive and commands are sent.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Final
 
 from ._errors import LocalProtocolError
 
@@ -45,7 +46,7 @@ class ConnectionState(Enum):
     CLOSED = "CLOSED"
 
 
-HANDSHAKE_STATES = frozenset(
+HANDSHAKE_STATES: Final = frozenset(
     {
         ConnectionState.IDENTIFYING,
         ConnectionState.TLS_HANDSHAKE,
@@ -69,8 +70,8 @@ class Command(Enum):
 
 
 _S = ConnectionState
-_SUBSCRIBED_LIKE = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
-_OPEN = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
+_SUBSCRIBED_LIKE: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
+_OPEN: Final = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
 
 #: which states accept which command (the server's own rules, plus "wait for the handshake")
 ALLOWED: dict[Command, frozenset[ConnectionState]] = {

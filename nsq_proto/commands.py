@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from ._errors import LocalProtocolError
 from ._names import check_channel, check_topic
@@ -42,15 +42,15 @@ __all__ = [
     "CLS",
 ]
 
-MAGIC_V2 = b"  V2"
-NOP = b"NOP\n"
-CLS = b"CLS\n"
+MAGIC_V2: Final = b"  V2"
+NOP: Final = b"NOP\n"
+CLS: Final = b"CLS\n"
 
-_U32 = struct.Struct(">I")
-_pack_u32 = _U32.pack
-_U64 = struct.Struct(">Q")
-_U32_MAX = 0xFFFFFFFF
-_U64_MAX = 0xFFFFFFFFFFFFFFFF
+_U32: Final = struct.Struct(">I")
+_pack_u32: Final = _U32.pack
+_U64: Final = struct.Struct(">Q")
+_U32_MAX: Final = 0xFFFFFFFF
+_U64_MAX: Final = 0xFFFFFFFFFFFFFFFF
 
 
 def _body(data: bytes) -> bytes:
@@ -192,8 +192,8 @@ def mpub_trace(
     )
 
 
-_U16 = struct.Struct(">H")
-_EXT_MAX = 65534
+_U16: Final = struct.Struct(">H")
+_EXT_MAX: Final = 65534
 
 
 def encode_ext_header(header: Mapping[str, Any] | bytes) -> bytes:
