@@ -55,7 +55,8 @@ class Subscribed(Event):
     conn_id: ConnId
 
 
-@dataclass(slots=True)  # hot path: not frozen (see Message); treat as read-only
+# hot path: not frozen (see Message), treat as read-only; its __init__ written out for mypyc
+@dataclass(slots=True, init=False)
 class MessageReceived(Event):
     """nsqd delivered ``message`` on this connection.
 
@@ -67,6 +68,10 @@ class MessageReceived(Event):
 
     conn_id: ConnId
     message: Message
+
+    def __init__(self, conn_id: ConnId, message: Message) -> None:
+        self.conn_id = conn_id
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

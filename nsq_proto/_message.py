@@ -46,8 +46,9 @@ STANDARD_LAYOUT: Final = MessageLayout()
 
 
 # Not frozen on purpose: a frozen dataclass's __init__ costs ~6x more, and a message is built
-# for every frame on the hot path.  Treat it as read-only.
-@dataclass(slots=True)
+# for every frame on the hot path.  Treat it as read-only.  Its __init__ is written out (the
+# one @dataclass would generate): mypyc compiles it, where a generated one stays Python.
+@dataclass(slots=True, init=False)
 class Message:
     """A message as nsqd delivered it.  ``id`` is opaque: echo it in FIN/REQ/TOUCH."""
 
@@ -63,6 +64,30 @@ class Message:
     ext_data: bytes | None = None
     queue_offset: int | None = None
     raw_size: int | None = None
+
+    def __init__(
+        self,
+        id: bytes,
+        timestamp: int,
+        attempts: int,
+        body: bytes,
+        trace_id: int | None = None,
+        internal_id: int | None = None,
+        ext_version: int | None = None,
+        ext_data: bytes | None = None,
+        queue_offset: int | None = None,
+        raw_size: int | None = None,
+    ) -> None:
+        self.id = id
+        self.timestamp = timestamp
+        self.attempts = attempts
+        self.body = body
+        self.trace_id = trace_id
+        self.internal_id = internal_id
+        self.ext_version = ext_version
+        self.ext_data = ext_data
+        self.queue_offset = queue_offset
+        self.raw_size = raw_size
 
 
 def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Message:
