@@ -16,6 +16,10 @@ mypyc_core_tests() {
     python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python")
     work=$(mktemp -d)
     mkdir "$work/src"
+    # the recorded captures some tests read sit next to the checkout (../shared), when present
+    if [[ -d $root/../shared ]]; then
+        ln -s "$(cd "$root/../shared" && pwd)" "$work/shared"
+    fi
     # the files of the checkout as git sees them (tracked, and new ones not ignored)
     (cd "$root" && git ls-files -z --cached --others --exclude-standard |
         tar -c --null -T -) | tar -x -C "$work/src" -f - || {
