@@ -200,10 +200,18 @@ class Consumer(ClientBase):
             self._conn_info[conn_id] = info
         return Message(self, conn_id, message, info[0], info[1])
 
-    def _finish(self, message: Message) -> None:
+    def _finish(self, message: Message) -> bool:
+        """FIN; True when it should be written at once: nothing else the connection delivered
+        is held, so no other answer will come to share the write (with ``max_in_flight=1`` the
+        next message waits for this FIN)."""
         delivered = message._message
-        self._core.finish(message.conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
-        self._driver.wake()
+        conn_id = message.conn_id
+        core = self._core
+        core.finish(conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
+        if core.in_flight_count(conn_id) == 0:
+            return True
+        self._driver.wake()  # written with the other answers given meanwhile
+        return False
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         self._core.requeue(
@@ -306,7 +314,8 @@ class Consumer(ClientBase):
             else:
                 if not message._responded:
                     message._responded = True  # what ``await message.finish()`` does
-                    self._finish(message)
+                    if self._finish(message):
+                        await self._driver.drain_here()
 
     def is_starved(self) -> bool:
         return self._core.is_starved()

@@ -93,7 +93,8 @@ class Message:
 
     async def finish(self) -> None:
         self._mark()
-        self._consumer._finish(self)
+        if self._consumer._finish(self):
+            await self._consumer._driver.drain_here()
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ; ``delay`` None grows with attempts; ``backoff`` counts it as a failure."""

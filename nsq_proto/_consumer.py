@@ -739,6 +739,11 @@ class Consumer(MultiConnectionCore[_Conn]):
         rec = self._conns.get(conn_id)
         return tuple(rec.in_flight.values()) if rec is not None else ()
 
+    def in_flight_count(self, conn_id: ConnId) -> int:
+        """How many messages of the connection the application holds (0 once it is gone)."""
+        rec = self._conns.get(conn_id)
+        return len(rec.in_flight) if rec is not None else 0
+
     # ------------------------------------------------------------------ stopping
 
     def stop(self, now: float, *, requeue_unanswered: bool = False) -> None:

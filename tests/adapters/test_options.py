@@ -213,3 +213,50 @@ async def test_a_failed_write_does_not_hide_the_error_nsqd_sent_before_closing(
             with pytest.raises(ServerError) as info:
                 await producer.publish_many("t", [b"x" * 2_000_000])
             assert info.value.code == "E_BAD_MESSAGE"
+
+
+class _RecordingStream:
+    def __init__(self, inner: nsq_client.Stream, sent: list[bytes]) -> None:
+        self.inner = inner
+        self.sent = sent
+
+    async def send(self, data: bytes) -> None:
+        await self.inner.send(data)
+        self.sent.append(data)
+
+    async def receive(self) -> bytes:
+        return await self.inner.receive()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _RecordingBackend(AnyioBackend):
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def connect_tcp(self, host: str, port: int) -> Any:
+        return _RecordingStream(await super().connect_tcp(host, port), self.sent)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_last_held_answer_is_on_the_wire_when_finish_returns(
+    anyio_backend: str,
+) -> None:
+    backend = _RecordingBackend()
+    async with serve_emulator(lookupd=False) as cluster:
+        addresses = cluster.nsqd_tcp_addresses
+        async with nsq_client.Producer(backend=backend, nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish_many("t", [b"a", b"b", b"c"])
+        async with nsq_client.Consumer(
+            "t", "c", backend=backend, nsqd_tcp_addresses=addresses, max_in_flight=1
+        ) as consumer:
+            with anyio.fail_after(5):
+                async for message in consumer:
+                    await message.finish()
+                    # nothing else held: no other answer can share the write, so it is not
+                    # left for later (with max_in_flight=1 the next message waits for it)
+                    assert b"FIN " + message.id + b"\n" in b"".join(backend.sent)
+                    if message.body == b"c":
+                        break

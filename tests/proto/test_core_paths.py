@@ -514,14 +514,16 @@ def test_close_connection_closes_that_one_and_reconnects_later() -> None:
     core.receive_data(c1, message(mid(1), b"a"), 0.0)
     core.outputs()
     assert [m.id for m in core.in_flight(c1)] == [mid(1)]
+    assert (core.in_flight_count(c1), core.in_flight_count(c2)) == (1, 0)
     core.finish(c1, mid(1), 0.5)
+    assert core.in_flight_count(c1) == 0
     core.close_connection(c1, 0.5, "rotating")
     out = core.outputs()
     assert sent_on(out, c1).startswith(b"FIN " + mid(1) + b"\n")  # answered before the close
     assert of_type(out, Close) == [Close(c1, "rotating")]
     assert of_type(out, ConnectionClosed) == [ConnectionClosed(c1, "rotating", None)]
     assert core.connection_stats(c1) is None and core.connection(c1) is None
-    assert core.in_flight(c1) == ()
+    assert core.in_flight(c1) == () and core.in_flight_count(c1) == 0
     stats = core.connection_stats(c2)
     assert stats is not None and stats.state == "SUBSCRIBED" and stats.address == ("10.0.0.1", 4150)
     assert core.connection(c2) is not None
