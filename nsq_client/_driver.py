@@ -102,7 +102,7 @@ class Driver:
         produced goes out without a hop to the pump task (the latency of a publish, of a
         read).  Wakes the pump task when the core's next deadline moved before the one it
         sleeps until."""
-        await self._drain()
+        await self._drain(wait=True)
         deadline = self.core.next_deadline()
         if deadline is not None and deadline < self._sleeping_until:
             self.wake()
@@ -143,14 +143,16 @@ class Driver:
             self._links.pop(link.conn_id, None)
             await self._shut(link)
 
-    async def _drain(self) -> None:
+    async def _drain(self, *, wait: bool = False) -> None:
+        """Carry out the core's outputs; with ``wait``, bytes handed to a write already under
+        way on their connection (another task's) are waited for until written."""
         core = self.core
         on_event = self._on_event
         while (out := core.next_output()) is not None:
             if isinstance(out, Event):
                 on_event(out)
             elif type(out) is Send:
-                await self._send(out.conn_id, out.data)
+                await self._send(out.conn_id, out.data, wait)
             elif isinstance(out, Connect):
                 link = _Link(out.conn_id, out.host, out.port)
                 self._links[out.conn_id] = link
@@ -166,12 +168,14 @@ class Driver:
                 assert self._tg is not None
                 self._tg.start_soon(self._http, out)
 
-    async def _send(self, conn_id: int, data: bytes) -> None:
+    async def _send(self, conn_id: int, data: bytes, wait: bool = False) -> None:
         link = self._links.get(conn_id)
         if link is None or link.closed or link.write_error is not None:
             return
         if link.stream is None or link.upgrade or link.sending is not None:
             link.pending.append(data)  # written once connected, TLS is up, or by the writer
+            if wait and link.sending is not None and not link.upgrade:
+                await link.sending.wait()  # the writer takes ours next; bounded by its deadline
             return
         backend = self.backend
         link.sending = done = backend.event()
