@@ -304,6 +304,10 @@ class Driver:
     async def _upgrade(self, link: _Link) -> bool:
         backend = self.backend
         assert link.stream is not None
+        if link.sending is not None:
+            # the write that carried IDENTIFY may still be returning (nsqd answered first):
+            # the handshake writes on the same stream, after it (new bytes wait in pending)
+            await link.sending.wait()
         context = (
             self._ssl_context if self._ssl_context is not None else backend.default_ssl_context()
         )
