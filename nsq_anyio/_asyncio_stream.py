@@ -90,11 +90,18 @@ class _Protocol(asyncio.Protocol):
 class AsyncioStream:
     """One TCP (or TLS) connection on an asyncio transport."""
 
-    __slots__ = ("_protocol", "_transport")
+    __slots__ = ("_protocol", "_raw", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        protocol: _Protocol,
+        raw: asyncio.Transport | None = None,
+    ) -> None:
         self._transport = transport
         self._protocol = protocol
+        #: under TLS, the TCP transport below it
+        self._raw = raw
 
     async def send(self, data: bytes) -> None:
         protocol = self._protocol
@@ -127,6 +134,10 @@ class AsyncioStream:
 
     async def aclose(self) -> None:
         self._transport.close()
+        if self._raw is not None:
+            # no close_notify exchange to wait for (as anyio's TLS stream with
+            # standard_compatible=False): the socket closes now, not when the loop gets to it
+            self._raw.close()
 
     async def start_tls(self, ssl_context: ssl.SSLContext, hostname: str | None) -> AsyncioStream:
         """The TLS client handshake; the stream to use afterwards."""
@@ -141,7 +152,7 @@ class AsyncioStream:
             raise ConnectionResetError("the connection closed during the TLS handshake")
         assert isinstance(upgraded, asyncio.Transport)
         protocol.transport = upgraded
-        return AsyncioStream(upgraded, protocol)
+        return AsyncioStream(upgraded, protocol, raw=self._transport)
 
 
 async def connect(host: str, port: int) -> AsyncioStream:
