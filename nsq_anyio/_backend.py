@@ -22,12 +22,12 @@ __all__ = ["AnyioBackend", "AnyioStream"]
 _READ_SIZE = 256 * 1024
 
 
-def _on_asyncio() -> bool:
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop; None on trio (through anyio)."""
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # trio through anyio
-        return False
-    return True
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class AnyioStream:
@@ -63,10 +63,8 @@ class AnyioBackend(BackendBase):
     def clock(self) -> Callable[[], float]:
         """The running loop's clock as a plain callable (what anyio.current_time reads, without
         looking the event loop up on every call)."""
-        try:
-            return asyncio.get_running_loop().time
-        except RuntimeError:  # not on asyncio (trio through anyio)
-            return anyio.current_time
+        loop = _asyncio_loop()
+        return anyio.current_time if loop is None else loop.time
 
     def event(self) -> anyio.Event:
         return anyio.Event()
@@ -86,7 +84,7 @@ class AnyioBackend(BackendBase):
         await anyio.lowlevel.checkpoint()
 
     async def connect_tcp(self, host: str, port: int) -> AnyioStream | AsyncioStream:
-        if _on_asyncio():
+        if _asyncio_loop() is not None:
             # straight on the transport: no loop iteration before each write (see the module)
             return await asyncio_stream.connect(host, port)
         return AnyioStream(await anyio.connect_tcp(host, port))

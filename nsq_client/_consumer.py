@@ -213,16 +213,22 @@ class Consumer(ClientBase):
         self._driver.wake()  # written with the other answers given meanwhile
         return False
 
-    def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
-        self._core.requeue(
-            message.conn_id,
+    def _requeue(self, message: Message, delay: float | None, backoff: bool) -> bool:
+        """REQ; True when it should be written at once (as :meth:`_finish` says)."""
+        conn_id = message.conn_id
+        core = self._core
+        core.requeue(
+            conn_id,
             message.id,
             self._clock(),
             delay=delay,
             backoff=backoff,
             attempts=message.attempts,
         )
+        if core.in_flight_count(conn_id) == 0:
+            return True
         self._driver.wake()
+        return False
 
     def _touch(self, message: Message) -> None:
         self._core.touch(message.conn_id, message.id, self._clock(), attempts=message.attempts)
@@ -306,6 +312,7 @@ class Consumer(ClientBase):
                     message._responded = True
                     with suppress(NSQError):
                         self._requeue(message, 0.0, False)
+                        self._driver.wake()  # cancelled: the pump writes it
                 raise
             except Exception:
                 log.exception("handler failed for message %r", message.id)

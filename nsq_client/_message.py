@@ -99,7 +99,8 @@ class Message:
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ; ``delay`` None grows with attempts; ``backoff`` counts it as a failure."""
         self._mark()
-        self._consumer._requeue(self, delay, backoff)
+        if self._consumer._requeue(self, delay, backoff):
+            await self._consumer._driver.drain_here()
 
     async def touch(self) -> None:
         if self._responded:

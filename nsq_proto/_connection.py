@@ -282,6 +282,7 @@ class Connection:
                         f"message frame in state {self.state.value} (not subscribed)"
                     )
                 if standard and len(payload) >= MESSAGE_HEADER_SIZE:
+                    # decode_message's standard case, without the call (once per message)
                     timestamp, attempts = unpack_header(payload)
                     message = Message(payload[10:26], timestamp, attempts, payload[26:])
                 else:

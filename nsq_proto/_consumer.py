@@ -53,6 +53,10 @@ __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 _S = ConnectionState
 
 
+def _not_in_flight(msg_id: bytes, conn_id: ConnId) -> LocalProtocolError:
+    return LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
+
+
 @dataclass(slots=True)
 class _Conn:
     conn_id: ConnId
@@ -539,7 +543,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             return None  # the connection is gone: nsqd will deliver the message again
         message = rec.in_flight.pop(msg_id, None)
         if message is None:
-            raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
+            raise _not_in_flight(msg_id, conn_id)
         if rec.ordered:
             rec.last_answered = (msg_id, message.attempts, False)
         if rec.copies:
@@ -565,17 +569,12 @@ class Consumer(MultiConnectionCore[_Conn]):
             # the common case, inline: one delivery held, no ordered books to keep
             message = rec.in_flight.pop(msg_id, None)
             if message is None:
-                raise LocalProtocolError(
-                    f"message {msg_id!r} is not in flight on connection {conn_id}"
-                )
+                raise _not_in_flight(msg_id, conn_id)
             self.messages_finished += 1
             rec.conn._finish_delivered(msg_id)
             if attempts is None or attempts >= message.attempts:
                 self._rdy.success(now)
-            if self._stopping:
-                self._after_answer(rec, now)
-            else:
-                self._rdy.answered(rec, now)
+            self._after_answer(rec, now)
             return True
         taken = self._take(conn_id, msg_id, attempts)
         if taken is None:
@@ -614,9 +613,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                 continue
             message = rec.in_flight.pop(msg_id, None)
             if message is None:
-                error = error or LocalProtocolError(
-                    f"message {msg_id!r} is not in flight on connection {conn_id}"
-                )
+                error = error or _not_in_flight(msg_id, conn_id)
                 continue
             entry = bulk.get(conn_id)
             if entry is None:
@@ -687,7 +684,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             return False
         message = rec.in_flight.get(msg_id)
         if message is None:
-            raise LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
+            raise _not_in_flight(msg_id, conn_id)
         if attempts is None or attempts >= message.attempts:
             rec.conn.touch(msg_id)
         return True
@@ -708,9 +705,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                 continue
             message = rec.in_flight.get(msg_id)
             if message is None:
-                error = error or LocalProtocolError(
-                    f"message {msg_id!r} is not in flight on connection {conn_id}"
-                )
+                error = error or _not_in_flight(msg_id, conn_id)
                 continue
             if attempts is not None and attempts < message.attempts:
                 continue  # an older copy: the newer delivery is the application's

@@ -260,3 +260,27 @@ async def test_the_last_held_answer_is_on_the_wire_when_finish_returns(
                     assert b"FIN " + message.id + b"\n" in b"".join(backend.sent)
                     if message.body == b"c":
                         break
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_last_held_requeue_is_on_the_wire_when_requeue_returns(
+    anyio_backend: str,
+) -> None:
+    backend = _RecordingBackend()
+    async with serve_emulator(lookupd=False) as cluster:
+        addresses = cluster.nsqd_tcp_addresses
+        async with nsq_client.Producer(backend=backend, nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish("t", b"again")
+        async with nsq_client.Consumer(
+            "t", "c", backend=backend, nsqd_tcp_addresses=addresses, max_in_flight=1
+        ) as consumer:
+            with anyio.fail_after(5):
+                async for message in consumer:
+                    if message.attempts == 1:
+                        await message.requeue(0.0, backoff=False)
+                        assert b"REQ " + message.id + b" 0\n" in b"".join(backend.sent)
+                    else:
+                        await message.finish()
+                        break
+        assert cluster.nsqds[0].channel_stats("t", "c").requeue_count == 1

@@ -264,3 +264,33 @@ async def test_a_hostile_handshake_fails_its_connection_only(
                     isinstance(e, lib.RemoteProtocolError) for e in consumer.connection_errors
                 )
         server_tg.cancel_scope.cancel()
+
+
+async def test_a_publish_to_an_nsqd_that_stopped_answering_times_out_on_time(
+    lib: ModuleType,
+) -> None:
+    async def silent_after_the_handshake(client: Any) -> None:
+        # a frozen nsqd: the handshake is answered, then nothing (SIGSTOP)
+        async with client:
+            with suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await client.receive()  # magic and IDENTIFY
+                await client.send(encode_frame(0, b'{"max_rdy_count":2500,"version":"1.3.0"}'))
+                while await client.receive():
+                    pass
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as server_tg:
+        server_tg.start_soon(listener.serve, silent_after_the_handshake)
+        async with lib.Producer(
+            nsqd_tcp_addresses=[f"127.0.0.1:{port}"], publish_timeout=0.5, max_publish_attempts=1
+        ) as producer:
+            with pytest.raises(lib.PublishTimeout):
+                await producer.publish("t", b"first")  # connects: the pump had no deadline
+            # the connection is up and idle, its pump asleep until a far deadline (the read
+            # timeout); a new publish's own, nearer deadline is still kept
+            started = anyio.current_time()
+            with anyio.fail_after(5), pytest.raises(lib.PublishTimeout):
+                await producer.publish("t", b"second")
+            assert 0.4 <= anyio.current_time() - started < 1.5
+        server_tg.cancel_scope.cancel()

@@ -1,0 +1,141 @@
+"""The stream nsq_anyio uses on asyncio, straight on a transport: reads, the end of the
+stream, a reset, and flow control both ways, against a loopback peer."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from nsq_anyio._asyncio_stream import AsyncioStream, connect
+
+pytestmark = pytest.mark.anyio
+
+Peer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def peer(handler: Peer) -> AsyncIterator[int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    async with server:
+        yield server.sockets[0].getsockname()[1]
+
+
+async def read_all(stream: AsyncioStream) -> bytes:
+    chunks = []
+    while chunk := await stream.receive():
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def test_a_read_gets_what_arrived_and_the_end_of_the_stream_is_empty_bytes() -> None:
+    async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"one")
+        writer.write(b"two")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    async with peer(talk) as port:
+        stream = await connect("127.0.0.1", port)
+        assert await read_all(stream) == b"onetwo"
+        assert await stream.receive() == b""  # and again
+        await stream.aclose()
+
+
+async def test_a_reader_that_falls_behind_stops_the_socket_and_loses_nothing() -> None:
+    data = bytes(range(256)) * (40 * 1024)  # 10 MiB, over the 4 MiB kept unread
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+        await writer.drain()
+        writer.close()
+
+    async with peer(flood) as port:
+        stream = await connect("127.0.0.1", port)
+        protocol = stream._protocol
+        for _ in range(200):  # let it arrive until the stream stops reading
+            if protocol.reading_paused:
+                break
+            await asyncio.sleep(0.01)
+        assert protocol.reading_paused
+        assert 4 * 1024 * 1024 < len(protocol.buffer) < len(data)
+        assert await read_all(stream) == data
+        await stream.aclose()
+
+
+async def test_a_peer_that_does_not_read_holds_the_writer_back() -> None:
+    release = asyncio.Event()
+    received = bytearray()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        while chunk := await reader.read(1 << 20):
+            received.extend(chunk)
+        writer.close()
+
+    block = b"x" * (64 * 1024 * 1024)
+    async with peer(slow) as port:
+        stream = await connect("127.0.0.1", port)
+        send = asyncio.ensure_future(stream.send(block))
+        await asyncio.sleep(0.3)
+        assert not send.done()  # waiting for the peer, not buffering 64 MiB in memory
+        release.set()
+        await asyncio.wait_for(send, 30)
+        await stream.aclose()
+        for _ in range(500):
+            if len(received) == len(block):
+                break
+            await asyncio.sleep(0.01)
+        assert len(received) == len(block)
+
+
+async def test_a_reset_is_an_os_error_for_the_reader_and_the_writer() -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # closed with a linger of 0: RST
+
+    async with peer(reset) as port:
+        stream = await connect("127.0.0.1", port)
+        await stream.send(b"hello")
+        with pytest.raises(OSError):
+            await read_all(stream)
+        with pytest.raises(ConnectionResetError, match=r"connection was lost|is closed"):
+            await stream.send(b"more")
+        await stream.aclose()
+
+
+async def test_bytes_before_the_tls_handshake_are_refused() -> None:
+    done = asyncio.Event()
+
+    async def early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"not a TLS record")
+        await writer.drain()
+        await reader.read(100)
+        writer.close()
+        await writer.wait_closed()
+        done.set()
+
+    async with peer(early) as port:
+        stream = await connect("127.0.0.1", port)
+        for _ in range(200):
+            if stream._protocol.buffer:
+                break
+            await asyncio.sleep(0.01)
+        context = ssl.create_default_context()
+        with pytest.raises(ConnectionError, match="before the TLS handshake"):
+            await stream.start_tls(context, "localhost")
+        await stream.aclose()
+        await asyncio.wait_for(done.wait(), 5)
