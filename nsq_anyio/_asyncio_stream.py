@@ -23,7 +23,9 @@ _READ_LIMIT = 4 * 1024 * 1024
 class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        #: what arrived and was not read yet, as the transport handed it over (no copy)
+        self.chunks: list[bytes] = []
+        self.buffered = 0
         self.eof = False
         self.error: BaseException | None = None
         self.reading_paused = False
@@ -36,8 +38,9 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if len(self.buffer) > _READ_LIMIT and self.transport is not None:
+        self.chunks.append(data)
+        self.buffered += len(data)
+        if self.buffered > _READ_LIMIT and self.transport is not None:
             self.transport.pause_reading()
             self.reading_paused = True
         self._wake_reader()
@@ -119,14 +122,16 @@ class AsyncioStream:
     async def receive(self) -> bytes:
         """What arrived since the last call; ``b""`` at the end of the stream."""
         protocol = self._protocol
-        while not protocol.buffer:
+        while not protocol.chunks:
             if protocol.eof:
                 if protocol.error is not None:
                     raise protocol.error
                 return b""
             await protocol.wait_readable()
-        data = bytes(protocol.buffer)
-        protocol.buffer.clear()
+        chunks = protocol.chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        protocol.buffered = 0
         if protocol.reading_paused:
             protocol.reading_paused = False
             self._transport.resume_reading()
@@ -143,7 +148,7 @@ class AsyncioStream:
         """The TLS client handshake; the stream to use afterwards."""
         loop = asyncio.get_running_loop()
         protocol = self._protocol
-        if protocol.buffer or protocol.eof:
+        if protocol.chunks or protocol.eof:
             raise ConnectionError("data or the end of the stream came before the TLS handshake")
         upgraded = await loop.start_tls(
             self._transport, protocol, ssl_context, server_hostname=hostname

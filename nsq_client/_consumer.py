@@ -26,11 +26,10 @@ from nsq_proto import (
     Stopped,
 )
 from nsq_proto import Consumer as ConsumerCore
-from nsq_proto import Message as CoreMessage
 
 from ._backend import Backend
 from ._client import ClientBase
-from ._message import GiveUpHook, Handler, Message, _Inbox
+from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin
 from ._options import ConsumerOptions, build_config
 from ._stats import ConsumerStats
 
@@ -85,7 +84,7 @@ class Consumer(ClientBase):
         self._inbox = _Inbox(backend)
         self._closing = False
         self._stopped = backend.event()
-        self._conn_info: dict[int, tuple[str, int | None]] = {}
+        self._origins: dict[int, _Origin] = {}
         #: the latest error frames, lookupd failures and connection failures (bounded)
         self.errors: deque[ErrorReceived] = deque(maxlen=_KEEP_ERRORS)
         self.lookup_failures: deque[LookupFailed] = deque(maxlen=_KEEP_ERRORS)
@@ -151,9 +150,12 @@ class Consumer(ClientBase):
                         attempts=late.attempts,
                     )
                 return
-            self._inbox.put(self._wrap(event.conn_id, event.message))
+            origin = self._origins.get(event.conn_id)
+            if origin is None:
+                origin = self._origin(event.conn_id)
+            self._inbox.put(Message(origin, event.message))
         elif isinstance(event, MessageGivenUp):
-            message = self._wrap(event.conn_id, event.message)
+            message = Message(self._origin(event.conn_id), event.message)
             message._responded = event.finished
             log.warning("giving up on message %r after %d attempts", message.id, message.attempts)
             if self._on_give_up is not None:
@@ -175,7 +177,7 @@ class Consumer(ClientBase):
                 event.error,
             )
         elif isinstance(event, ConnectionClosed):
-            self._conn_info.pop(event.conn_id, None)
+            self._origins.pop(event.conn_id, None)
             if event.error is not None:
                 self.connection_errors.append(event.error)
                 cause = event.error.__cause__
@@ -189,23 +191,24 @@ class Consumer(ClientBase):
             self._stopped.set()
             self._inbox.close()
 
-    def _wrap(self, conn_id: int, message: CoreMessage) -> Message:
-        info = self._conn_info.get(conn_id)
-        if info is None:
+    def _origin(self, conn_id: int) -> _Origin:
+        origin = self._origins.get(conn_id)
+        if origin is None:
             stats = self._core.connection_stats(conn_id)
             if stats is None:
-                info = ("", None)
+                origin = _Origin(self, conn_id, "", None)
             else:
-                info = (f"{stats.address[0]}:{stats.address[1]}", stats.partition)
-            self._conn_info[conn_id] = info
-        return Message(self, conn_id, message, info[0], info[1])
+                address = f"{stats.address[0]}:{stats.address[1]}"
+                origin = _Origin(self, conn_id, address, stats.partition)
+            self._origins[conn_id] = origin
+        return origin
 
     def _finish(self, message: Message) -> bool:
         """FIN; True when it should be written at once: nothing else the connection delivered
         is held, so no other answer will come to share the write (with ``max_in_flight=1`` the
         next message waits for this FIN)."""
         delivered = message._message
-        conn_id = message.conn_id
+        conn_id = message._origin.conn_id
         core = self._core
         core.finish(conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
         if core.in_flight_count(conn_id) == 0:
@@ -215,7 +218,7 @@ class Consumer(ClientBase):
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> bool:
         """REQ; True when it should be written at once (as :meth:`_finish` says)."""
-        conn_id = message.conn_id
+        conn_id = message._origin.conn_id
         core = self._core
         core.requeue(
             conn_id,
@@ -302,7 +305,12 @@ class Consumer(ClientBase):
 
     async def _worker(self, handler: Handler) -> None:
         inbox = self._inbox
-        while (message := await inbox.get()) is not None:
+        while True:
+            message = inbox.take()
+            if message is None:
+                message = await inbox.get()
+                if message is None:
+                    return
             try:
                 await handler(message)
             except self._backend.cancelled_exc_class():

@@ -23,26 +23,49 @@ __all__ = ["GiveUpHook", "Handler", "Message"]
 _CHECKPOINT_EVERY = 256
 
 
+class _Origin:
+    """Where messages came from: one per connection, shared by its messages."""
+
+    __slots__ = ("conn_id", "consumer", "nsqd_address", "partition")
+
+    def __init__(
+        self, consumer: Consumer, conn_id: int, nsqd_address: str, partition: int | None
+    ) -> None:
+        self.consumer = consumer
+        self.conn_id = conn_id
+        self.nsqd_address = nsqd_address
+        self.partition = partition
+
+
 class Message:
     """A delivered message with its answers.  Answer each message once: ``finish`` or
     ``requeue`` (``touch`` buys time first)."""
 
-    __slots__ = ("_consumer", "_message", "_responded", "conn_id", "nsqd_address", "partition")
+    __slots__ = ("_message", "_origin", "_responded")
 
-    def __init__(
-        self,
-        consumer: Consumer,
-        conn_id: int,
-        message: CoreMessage,
-        nsqd_address: str,
-        partition: int | None,
-    ) -> None:
-        self._consumer = consumer
+    def __init__(self, origin: _Origin, message: CoreMessage) -> None:
+        self._origin = origin
         self._message = message
-        self.conn_id = conn_id
-        self.nsqd_address = nsqd_address
-        self.partition = partition
         self._responded = False
+
+    @property
+    def _consumer(self) -> Consumer:
+        return self._origin.consumer
+
+    @property
+    def conn_id(self) -> int:
+        """The consumer's id of the connection that delivered it."""
+        return self._origin.conn_id
+
+    @property
+    def nsqd_address(self) -> str:
+        """``host:port`` of the nsqd that delivered it."""
+        return self._origin.nsqd_address
+
+    @property
+    def partition(self) -> int | None:
+        """The partition it came from (partitioned server), else None."""
+        return self._origin.partition
 
     @property
     def id(self) -> bytes:
@@ -93,19 +116,21 @@ class Message:
 
     async def finish(self) -> None:
         self._mark()
-        if self._consumer._finish(self):
-            await self._consumer._driver.drain_here()
+        consumer = self._origin.consumer
+        if consumer._finish(self):
+            await consumer._driver.drain_here()
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ; ``delay`` None grows with attempts; ``backoff`` counts it as a failure."""
         self._mark()
-        if self._consumer._requeue(self, delay, backoff):
-            await self._consumer._driver.drain_here()
+        consumer = self._origin.consumer
+        if consumer._requeue(self, delay, backoff):
+            await consumer._driver.drain_here()
 
     async def touch(self) -> None:
         if self._responded:
             raise LocalProtocolError("this message has already been answered")
-        self._consumer._touch(self)
+        self._origin.consumer._touch(self)
 
     def __repr__(self) -> str:
         return f"<Message id={self.id!r} attempts={self.attempts} body={self.body[:40]!r}>"
@@ -145,11 +170,20 @@ class _Inbox:
         self._items.clear()
         return items
 
+    def take(self) -> Message | None:
+        """The next message if one waits and no checkpoint is due, else None (then
+        :meth:`get`): a worker's way to the next message without a coroutine per message."""
+        self._taken += 1
+        if self._items and self._taken % _CHECKPOINT_EVERY:
+            # no checkpoint: answers given meanwhile go out together when this task waits
+            return self._items.popleft()
+        self._taken -= 1  # counted again by get
+        return None
+
     async def get(self) -> Message | None:
         """The next message, or None once closed and empty."""
         self._taken += 1
         if self._items and self._taken % _CHECKPOINT_EVERY:
-            # no checkpoint: answers given meanwhile go out together when this task waits
             return self._items.popleft()
         await self._backend.checkpoint()
         while not self._items:

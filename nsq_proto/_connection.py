@@ -14,6 +14,7 @@ Everything it wants done comes out of one ordered queue, :meth:`next_output`: :c
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Final
@@ -53,7 +54,6 @@ from ._features import (
 )
 from ._frames import CLOSE_WAIT, HEARTBEAT, OK, FrameDecoder
 from ._message import (
-    _TS_ATTEMPTS,
     MESSAGE_HEADER_SIZE,
     STANDARD_LAYOUT,
     Message,
@@ -84,6 +84,10 @@ PARTITIONED_PUBLISH_ERRORS: Final = frozenset(
 _S = ConnectionState
 #: the text of a RemoteProtocolError raised for data no check of ours refused
 UNREADABLE: Final = "unreadable data from nsqd"
+#: a frame's ``size:i32 | frame_type:i32``, and the same with a message's
+#: ``timestamp:i64 | attempts:u16`` after it
+_FRAME_HEADER: Final = struct.Struct(">ii")
+_MESSAGE_FRAME_HEADER: Final = struct.Struct(">iiqH")
 _MESSAGE: Final = 2
 _ERROR: Final = 1
 _CAN_RECEIVE_MESSAGES: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
@@ -269,33 +273,64 @@ class Connection:
             if switched is not None:
                 self._switched = None
                 data = switched
-        frames = self._decoder.feed(data)
+        # the frames are read straight out of the bytes (a message's fields are sliced from
+        # them: no copy of each frame first); the decoder keeps what is incomplete
+        decoder = self._decoder
+        buf = decoder.resume(data)
         conn_id = self.conn_id
         layout = self.layout
         standard = layout is STANDARD_LAYOUT
-        unpack_header = _TS_ATTEMPTS.unpack_from
+        unpack_message_header = _MESSAGE_FRAME_HEADER.unpack_from
+        unpack_frame_header = _FRAME_HEADER.unpack_from
+        max_size = self.config.max_frame_size
         outputs = self._outputs
-        for frame_type, payload in frames:
+        receiving = self.state in _CAN_RECEIVE_MESSAGES
+        pos = 0
+        n = len(buf)
+        size: int  # declared: the compiled build then compares machine ints, not objects
+        frame_type: int
+        timestamp: int
+        attempts: int
+        end: int
+        while True:
+            if n - pos >= 18:
+                # a message frame's timestamp and attempts come with its header: one unpack
+                size, frame_type, timestamp, attempts = unpack_message_header(buf, pos)
+            elif n - pos >= 8:
+                size, frame_type = unpack_frame_header(buf, pos)
+                timestamp = attempts = 0
+            else:
+                break
+            if size < 4 or size > max_size or frame_type < 0 or frame_type > 2:
+                decoder.reject(size, frame_type)
+            end = pos + 4 + size
+            if end > n:
+                break
             if frame_type == _MESSAGE:
-                if self.state not in _CAN_RECEIVE_MESSAGES:
+                if not receiving:
                     raise RemoteProtocolError(
                         f"message frame in state {self.state.value} (not subscribed)"
                     )
-                if standard and len(payload) >= MESSAGE_HEADER_SIZE:
-                    # decode_message's standard case, without the call (once per message)
-                    timestamp, attempts = unpack_header(payload)
-                    message = Message(payload[10:26], timestamp, attempts, payload[26:])
+                if standard and size >= 4 + MESSAGE_HEADER_SIZE:
+                    # decode_message's standard case, inline (once per message)
+                    message = Message(
+                        buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
+                    )
                 else:
-                    message = decode_message(payload, layout)
+                    message = decode_message(buf[pos + 8 : end], layout)
                 if self._wbuf:
                     self._flush()
                 outputs.append(MessageReceived(conn_id, message))
             elif frame_type == _ERROR:
-                self._error_frame(payload)
+                self._error_frame(buf[pos + 8 : end])
                 if self.state is _S.CLOSED:
                     return
+                receiving = self.state in _CAN_RECEIVE_MESSAGES
             else:
-                self._response(payload)
+                self._response(buf[pos + 8 : end])
+                receiving = self.state in _CAN_RECEIVE_MESSAGES
+            pos = end
+        decoder.keep(buf, pos)
 
     def _handshake_frame(self, frame_type: int, payload: bytes) -> None:
         if frame_type == _ERROR:

@@ -77,15 +77,7 @@ class FrameDecoder:
     def feed(self, data: bytes, limit: int = 0) -> list[tuple[int, bytes]]:
         """Decode what ``data`` completes.  With ``limit`` > 0, stop after that many frames and
         keep the rest buffered (used at upgrade points, where later bytes change meaning)."""
-        if self._error is not None:
-            raise self._error
-        if self._buf:
-            self._buf += data
-            buf: bytes | bytearray = self._buf
-            from_buffer = True
-        else:
-            buf = data
-            from_buffer = False
+        buf = self.resume(data)
         frames: list[tuple[int, bytes]] = []
         append = frames.append
         pos = 0
@@ -93,37 +85,73 @@ class FrameDecoder:
         max_size = self._max_size
         size: int  # declared: the compiled build then compares machine ints, not objects
         frame_type: int
+        end: int
+        while n - pos >= 8:
+            if limit and len(frames) == limit:
+                self.keep(buf, pos, check=False)  # bytes past a limit may be another encoding
+                return frames
+            size, frame_type = _unpack_header(buf, pos)
+            if size < 4 or size > max_size or frame_type < 0 or frame_type > 2:
+                self.reject(size, frame_type)
+            end = pos + 4 + size
+            if end > n:
+                break
+            append((frame_type, buf[pos + 8 : end]))
+            pos = end
+        self.keep(buf, pos, check=not (limit and len(frames) == limit))
+        return frames
+
+    def resume(self, data: bytes) -> bytes:
+        """The bytes to decode from a frame boundary on: those held back, then ``data``
+        (``b""`` when ``data`` only adds to a frame that is still incomplete).  With
+        :meth:`keep` and :meth:`reject`, the pieces of :meth:`feed` for a caller that walks
+        the frames itself (the connection reads messages straight out of the bytes)."""
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        if not buf:
+            return data
+        held = len(buf)
+        if held >= 4:
+            (size,) = _unpack_size(buf, 0)
+            if size < 4 or size > self._max_size:
+                self.reject(size, 0)
+            if held + len(data) < 4 + size:
+                # the frame is still incomplete: no copy of the whole of it per read
+                buf += data
+                if held < 8 <= len(buf):
+                    frame_type = _unpack_header(buf, 0)[1]
+                    if frame_type < 0 or frame_type > 2:
+                        self.reject(size, frame_type)
+                return b""
+        joined = bytes(buf) + data
+        buf.clear()
+        return joined
+
+    def keep(self, data: bytes, pos: int, *, check: bool = True) -> None:
+        """Hold ``data[pos:]`` back until the rest of its frame arrives; with ``check``, a
+        hostile size field in it fails now, not once the rest arrives."""
+        n = len(data)
+        if pos >= n:
+            return
+        if check and n - pos >= 4:
+            (size,) = _unpack_size(data, pos)
+            if size < 4 or size > self._max_size:
+                self.reject(size, 0)
+        self._buf += data[pos:] if pos else data
+
+    def reject(self, size: int, frame_type: int) -> None:
+        """Raise the error of a bad frame header (and stay broken)."""
         try:
-            while n - pos >= 8:
-                if limit and len(frames) == limit:
-                    break
-                size, frame_type = _unpack_header(buf, pos)
-                if size < 4 or size > max_size:
-                    self._bad_size(size)
-                if frame_type < 0 or frame_type > 2:
-                    raise RemoteProtocolError(f"unknown frame type {frame_type}")
-                end = pos + 4 + size
-                if end > n:
-                    break
-                append((frame_type, bytes(buf[pos + 8 : end])))
-                pos = end
-            else:
-                # a hostile size field fails at once, not when the rest arrives (but bytes past
-                # a limit may be in another encoding: leave them alone)
-                if n - pos >= 4 and not (limit and len(frames) == limit):
-                    (size,) = _unpack_size(buf, pos)
-                    if size < 4 or size > max_size:
-                        self._bad_size(size)
+            self._bad_size(size)
+            raise RemoteProtocolError(f"unknown frame type {frame_type}")
         except RemoteProtocolError as exc:
             self._error = exc
             raise
-        if from_buffer:
-            del self._buf[:pos]
-        elif pos < n:
-            self._buf += buf[pos:]
-        return frames
 
     def _bad_size(self, size: int) -> None:
+        if 4 <= size <= self._max_size:
+            return
         if size > self._max_size:
             raise FrameTooLarge(f"frame size {size} is above the maximum {self._max_size}")
         raise RemoteProtocolError(f"frame size {size} is below the minimum 4")

@@ -69,7 +69,7 @@ async def test_a_reader_that_falls_behind_stops_the_socket_and_loses_nothing() -
                 break
             await asyncio.sleep(0.01)
         assert protocol.reading_paused
-        assert 4 * 1024 * 1024 < len(protocol.buffer) < len(data)
+        assert 4 * 1024 * 1024 < protocol.buffered < len(data)
         assert await read_all(stream) == data
         await stream.aclose()
 
@@ -131,7 +131,7 @@ async def test_bytes_before_the_tls_handshake_are_refused() -> None:
     async with peer(early) as port:
         stream = await connect("127.0.0.1", port)
         for _ in range(200):
-            if stream._protocol.buffer:
+            if stream._protocol.chunks:
                 break
             await asyncio.sleep(0.01)
         context = ssl.create_default_context()

@@ -105,3 +105,22 @@ def test_bytes_past_the_limit_are_not_checked_as_a_frame() -> None:
     dec = FrameDecoder()
     assert dec.feed(encode_frame(0, b"{}") + b"\xff\x06\x00\x00", limit=1) == [(0, b"{}")]
     assert dec.take_buffered() == b"\xff\x06\x00\x00"
+
+
+def test_a_frame_type_that_arrives_after_its_size_is_checked_at_once() -> None:
+    dec = FrameDecoder()
+    header = struct.pack(">ii", 100, 7)
+    assert dec.feed(header[:5]) == []
+    with pytest.raises(RemoteProtocolError, match="unknown frame type 7"):
+        dec.feed(header[5:] + b"xx")  # the frame is still incomplete
+
+
+def test_a_large_frame_in_many_small_reads() -> None:
+    body = bytes(range(256)) * 4096
+    data = encode_frame(2, body) + encode_frame(0, b"OK") + encode_frame(1, b"E_X")[:5]
+    dec = FrameDecoder()
+    got = []
+    for i in range(0, len(data), 1000):
+        got += dec.feed(data[i : i + 1000])
+    assert got == [(2, body), (0, b"OK")]
+    assert dec.buffered == 5
