@@ -119,6 +119,19 @@ class AsyncioStream:
             if protocol.error is not None:
                 raise ConnectionResetError(f"the connection was lost: {protocol.error}")
 
+    def send_nowait(self, data: bytes) -> bool:
+        """Write ``data`` now unless the transport's buffer is above its high-water mark
+        (then write nothing and return False: :meth:`send` waits for it to drain)."""
+        protocol = self._protocol
+        if protocol._write_paused:
+            return False
+        if protocol.error is not None:
+            raise ConnectionResetError(f"the connection was lost: {protocol.error}")
+        if self._transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+        self._transport.write(data)
+        return True
+
     async def receive(self) -> bytes:
         """What arrived since the last call; ``b""`` at the end of the stream."""
         protocol = self._protocol

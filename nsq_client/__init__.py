@@ -17,6 +17,7 @@ as ``backend=``:
 from ._backend import Backend as Backend
 from ._backend import BackendBase as BackendBase
 from ._backend import EventLike as EventLike
+from ._backend import NowaitStream as NowaitStream
 from ._backend import ScopeLike as ScopeLike
 from ._backend import Stream as Stream
 from ._backend import TaskGroupContext as TaskGroupContext
@@ -52,6 +53,7 @@ __all__ = [
     "GiveUpHook",
     "Handler",
     "Message",
+    "NowaitStream",
     "Producer",
     "ProducerArguments",
     "ProducerConnectionStats",

@@ -22,6 +22,7 @@ __all__ = [
     "EventLike",
     "ScopeLike",
     "Stream",
+    "NowaitStream",
     "TaskGroupContext",
     "TaskGroupLike",
 ]
@@ -39,6 +40,18 @@ class Stream(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class NowaitStream(Stream, Protocol):
+    """A stream that can also take bytes without waiting (a transport with a buffer).
+
+    The pump uses :meth:`send_nowait` where it has it: the write timeout then costs nothing
+    on writes that cannot block."""
+
+    def send_nowait(self, data: bytes) -> bool:
+        """Write all of ``data`` now and return True if the stream can take it without
+        waiting; else write nothing and return False (:meth:`send` then waits)."""
+        ...
 
 
 class EventLike(Protocol):

@@ -43,6 +43,8 @@ class _Link:
     host: str
     port: int
     stream: Stream | None = None
+    #: the stream's ``send_nowait``, when it has one (see :class:`NowaitStream`)
+    send_nowait: Callable[[bytes], bool] | None = None
     read_scope: ScopeLike | None = None
     upgrade: bool = False
     closed: bool = False
@@ -179,19 +181,21 @@ class Driver:
             return
         backend = self.backend
         link.sending = done = backend.event()
+        nowait = link.send_nowait
         try:
             while True:
-                # once taken from the core, bytes must reach the socket even if this task is
-                # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
-                with backend.cancel_scope(
-                    deadline=backend.current_time() + self._write_timeout, shield=True
-                ) as scope:
-                    await link.stream.send(data)
-                if getattr(scope, "cancelled_caught", False):
-                    # part of a command may be on the wire: the connection cannot go on
-                    raise TransportError(
-                        f"writing to {link.host}:{link.port} took over {self._write_timeout} s"
-                    )
+                if nowait is None or not nowait(data):
+                    # once taken from the core, bytes must reach the socket even if this task
+                    # is being cancelled (they may be the FIN/REQ of a stop); bounded
+                    with backend.cancel_scope(
+                        deadline=backend.current_time() + self._write_timeout, shield=True
+                    ) as scope:
+                        await link.stream.send(data)
+                    if getattr(scope, "cancelled_caught", False):
+                        # part of a command may be on the wire: the connection cannot go on
+                        raise TransportError(
+                            f"writing to {link.host}:{link.port} took over {self._write_timeout} s"
+                        )
                 if not link.pending or link.upgrade:
                     break
                 data = b"".join(link.pending)
@@ -251,6 +255,7 @@ class Driver:
         try:
             with backend.cancel_scope(deadline=backend.current_time() + timeout) as scope:
                 link.stream = await backend.connect_tcp(link.host, port)
+                link.send_nowait = getattr(link.stream, "send_nowait", None)
             if link.stream is None or getattr(scope, "cancelled_caught", False):
                 raise TimeoutError(f"connecting to {link.host}:{port} timed out")
         except self._failures as exc:
@@ -334,6 +339,7 @@ class Driver:
         if upgraded is None:
             return False  # closed meanwhile
         link.stream = upgraded
+        link.send_nowait = getattr(upgraded, "send_nowait", None)
         link.upgrade = False
         link.tls_fresh = True
         self.core.tls_established(link.conn_id, backend.current_time())

@@ -20,7 +20,7 @@ __all__ = ["GiveUpHook", "Handler", "Message"]
 
 #: answers given by an application task without waiting are sent together; every this many
 #: messages taken without waiting, the consumer yields to the loop once anyway
-_CHECKPOINT_EVERY = 256
+_CHECKPOINT_EVERY = 1024
 
 
 class _Origin:

@@ -100,6 +100,58 @@ async def test_a_peer_that_does_not_read_holds_the_writer_back() -> None:
         assert len(received) == len(block)
 
 
+async def test_send_nowait_writes_at_once_until_the_peer_falls_behind() -> None:
+    release = asyncio.Event()
+    done = asyncio.Event()
+    received = bytearray()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        while chunk := await reader.read(1 << 20):
+            received.extend(chunk)
+        writer.close()
+        await writer.wait_closed()
+        done.set()
+
+    async with peer(slow) as port:
+        stream = await connect("127.0.0.1", port)
+        written = 0
+        block = b"y" * (1024 * 1024)
+        for _ in range(256):  # until the socket and the transport's buffer are full
+            if not stream.send_nowait(block):
+                break
+            written += len(block)
+        else:
+            pytest.fail("256 MiB taken without waiting: no flow control")
+        assert written > 0
+        # refused: nothing of it was written; send waits for the peer instead
+        assert not stream.send_nowait(b"z")
+        release.set()
+        await asyncio.wait_for(stream.send(b"z"), 30)
+        assert stream.send_nowait(b"!")
+        await stream.aclose()
+        await asyncio.wait_for(done.wait(), 30)
+        assert len(received) == written + 2
+        assert received[-2:] == b"z!"
+
+
+async def test_send_nowait_after_the_stream_is_closed_is_a_connection_error() -> None:
+    done = asyncio.Event()
+
+    async def idle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.close()
+        await writer.wait_closed()
+        done.set()
+
+    async with peer(idle) as port:
+        stream = await connect("127.0.0.1", port)
+        await stream.aclose()
+        with pytest.raises(ConnectionResetError, match="closed"):
+            stream.send_nowait(b"NOP\n")
+        await asyncio.wait_for(done.wait(), 10)
+
+
 async def test_a_reset_is_an_os_error_for_the_reader_and_the_writer() -> None:
     async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(100)
