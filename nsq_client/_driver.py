@@ -93,6 +93,8 @@ class Driver:
         #: the deadline the pump task sleeps until (-inf while it runs: it looks again)
         self._sleeping_until = -math.inf
         self._tg: TaskGroupLike | None = None
+        #: the loop's clock (a cheaper callable once the loop runs: see :meth:`start`)
+        self._clock: Callable[[], float] = backend.current_time
 
     def wake(self) -> None:
         if not self._woken:  # once per pump pass (called for every answer)
@@ -113,6 +115,7 @@ class Driver:
         """Run the pump task in ``task_group`` (from now on, outputs may be carried out from
         any task: connections and lookups start in that group)."""
         self._tg = task_group
+        self._clock = self.backend.clock()
         task_group.start_soon(self.run, task_group)
 
     async def run(self, task_group: TaskGroupLike) -> None:
@@ -123,7 +126,7 @@ class Driver:
         while True:
             self._wake = backend.event()
             self._woken = False
-            core.handle_timer(backend.current_time())  # an early call does nothing
+            core.handle_timer(self._clock())  # an early call does nothing
             await self._drain()
             if self._wake.is_set():
                 continue
@@ -188,7 +191,7 @@ class Driver:
                     # once taken from the core, bytes must reach the socket even if this task
                     # is being cancelled (they may be the FIN/REQ of a stop); bounded
                     with backend.cancel_scope(
-                        deadline=backend.current_time() + self._write_timeout, shield=True
+                        deadline=self._clock() + self._write_timeout, shield=True
                     ) as scope:
                         await link.stream.send(data)
                     if getattr(scope, "cancelled_caught", False):
@@ -302,7 +305,7 @@ class Driver:
                 await self._lost(link, link.write_error)
                 return
             link.tls_fresh = False
-            core.receive_data(link.conn_id, data, backend.current_time())
+            core.receive_data(link.conn_id, data, self._clock())
             # the events and answers of these bytes, from this task: one hop less
             await self.drain_here()
 

@@ -276,7 +276,17 @@ class Connection:
         # the frames are read straight out of the bytes (a message's fields are sliced from
         # them: no copy of each frame first); the decoder keeps what is incomplete
         decoder = self._decoder
-        buf = decoder.resume(data)
+        head, data, pos = decoder.resume(data)
+        if head and self._frames(head, 0) < 0:
+            return
+        end = self._frames(data, pos)
+        if end >= 0:
+            decoder.keep(data, end)
+
+    def _frames(self, buf: bytes, pos: int) -> int:
+        """Handle the whole frames of ``buf`` from ``pos`` on; where the first incomplete one
+        starts (-1 once the connection closed)."""
+        decoder = self._decoder
         conn_id = self.conn_id
         layout = self.layout
         standard = layout is STANDARD_LAYOUT
@@ -285,7 +295,6 @@ class Connection:
         max_size = self.config.max_frame_size
         outputs = self._outputs
         receiving = self.state in _CAN_RECEIVE_MESSAGES
-        pos = 0
         n = len(buf)
         size: int  # declared: the compiled build then compares machine ints, not objects
         frame_type: int
@@ -300,12 +309,12 @@ class Connection:
                 size, frame_type = unpack_frame_header(buf, pos)
                 timestamp = attempts = 0
             else:
-                break
+                return pos
             if size < 4 or size > max_size or frame_type < 0 or frame_type > 2:
                 decoder.reject(size, frame_type)
             end = pos + 4 + size
             if end > n:
-                break
+                return pos
             if frame_type == _MESSAGE:
                 if not receiving:
                     raise RemoteProtocolError(
@@ -324,13 +333,12 @@ class Connection:
             elif frame_type == _ERROR:
                 self._error_frame(buf[pos + 8 : end])
                 if self.state is _S.CLOSED:
-                    return
+                    return -1
                 receiving = self.state in _CAN_RECEIVE_MESSAGES
             else:
                 self._response(buf[pos + 8 : end])
                 receiving = self.state in _CAN_RECEIVE_MESSAGES
             pos = end
-        decoder.keep(buf, pos)
 
     def _handshake_frame(self, frame_type: int, payload: bytes) -> None:
         if frame_type == _ERROR:
@@ -562,7 +570,10 @@ class Connection:
         """FIN of an id this connection delivered (so a valid one): the consumer's hot path."""
         if self.state not in _CAN_ANSWER:
             check_command(self.state, Command.ANSWER)
-        self._wbuf += b"FIN " + msg_id + b"\n"
+        wbuf = self._wbuf  # three appends: no temporary bytes
+        wbuf += b"FIN "
+        wbuf += msg_id
+        wbuf += b"\n"
 
     def finish_many(self, msg_ids: Sequence[bytes]) -> None:
         """FIN each of ``msg_ids`` (one buffer append for all)."""

@@ -77,56 +77,70 @@ class FrameDecoder:
     def feed(self, data: bytes, limit: int = 0) -> list[tuple[int, bytes]]:
         """Decode what ``data`` completes.  With ``limit`` > 0, stop after that many frames and
         keep the rest buffered (used at upgrade points, where later bytes change meaning)."""
-        buf = self.resume(data)
+        head, data, pos = self.resume(data)
         frames: list[tuple[int, bytes]] = []
+        if head:
+            frames.append((_unpack_header(head, 0)[1], head[8:]))
         append = frames.append
-        pos = 0
-        n = len(buf)
+        n = len(data)
         max_size = self._max_size
         size: int  # declared: the compiled build then compares machine ints, not objects
         frame_type: int
         end: int
         while n - pos >= 8:
             if limit and len(frames) == limit:
-                self.keep(buf, pos, check=False)  # bytes past a limit may be another encoding
+                self.keep(data, pos, check=False)  # bytes past a limit may be another encoding
                 return frames
-            size, frame_type = _unpack_header(buf, pos)
+            size, frame_type = _unpack_header(data, pos)
             if size < 4 or size > max_size or frame_type < 0 or frame_type > 2:
                 self.reject(size, frame_type)
             end = pos + 4 + size
             if end > n:
                 break
-            append((frame_type, buf[pos + 8 : end]))
+            append((frame_type, data[pos + 8 : end]))
             pos = end
-        self.keep(buf, pos, check=not (limit and len(frames) == limit))
+        self.keep(data, pos, check=not (limit and len(frames) == limit))
         return frames
 
-    def resume(self, data: bytes) -> bytes:
-        """The bytes to decode from a frame boundary on: those held back, then ``data``
-        (``b""`` when ``data`` only adds to a frame that is still incomplete).  With
-        :meth:`keep` and :meth:`reject`, the pieces of :meth:`feed` for a caller that walks
-        the frames itself (the connection reads messages straight out of the bytes)."""
+    def resume(self, data: bytes) -> tuple[bytes, bytes, int]:
+        """Where to decode from: ``(head, data, pos)``.  ``head`` is the frame an earlier read
+        began and ``data`` completes, whole (``b""`` if none); the frames that follow start at
+        ``data[pos]``.  With :meth:`keep` and :meth:`reject`, the pieces of :meth:`feed` for a
+        caller that walks the frames itself (the connection reads messages straight out of
+        the bytes, with no copy of each frame nor of each read)."""
         if self._error is not None:
             raise self._error
         buf = self._buf
         if not buf:
-            return data
+            return b"", data, 0
         held = len(buf)
-        if held >= 4:
-            (size,) = _unpack_size(buf, 0)
+        pos = 0
+        if held < 8:
+            # the header itself was cut: complete it first
+            pos = 8 - held
+            buf += data[:pos]
+            if len(buf) < 8:
+                self._check_partial()
+                return b"", b"", 0
+            held = 8
+        size, frame_type = _unpack_header(buf, 0)
+        if size < 4 or size > self._max_size or frame_type < 0 or frame_type > 2:
+            self.reject(size, frame_type)
+        need = 4 + size - held
+        if len(data) - pos < need:
+            buf += data[pos:]  # the frame is still incomplete
+            return b"", b"", 0
+        buf += data[pos : pos + need]
+        head = bytes(buf)
+        buf.clear()
+        return head, data, pos + need
+
+    def _check_partial(self) -> None:
+        """A size field held back (its frame type not here yet) fails as soon as it is."""
+        if len(self._buf) >= 4:
+            (size,) = _unpack_size(self._buf, 0)
             if size < 4 or size > self._max_size:
                 self.reject(size, 0)
-            if held + len(data) < 4 + size:
-                # the frame is still incomplete: no copy of the whole of it per read
-                buf += data
-                if held < 8 <= len(buf):
-                    frame_type = _unpack_header(buf, 0)[1]
-                    if frame_type < 0 or frame_type > 2:
-                        self.reject(size, frame_type)
-                return b""
-        joined = bytes(buf) + data
-        buf.clear()
-        return joined
 
     def keep(self, data: bytes, pos: int, *, check: bool = True) -> None:
         """Hold ``data[pos:]`` back until the rest of its frame arrives; with ``check``, a
