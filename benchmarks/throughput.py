@@ -4,7 +4,9 @@
     python benchmarks/throughput.py sub --nsqd-tcp-address 127.0.0.1:4150 --topic bench --channel c --count 200000
 
 ``pub`` publishes with MPUB batches of 100 (``--outstanding`` batches in flight), ``sub``
-fills a fresh topic (``--topic`` and a random suffix) with ``--count`` messages, then consumes and FINishes through a handler per message (``--concurrency`` of them at once, each
+fills a fresh topic (``--topic`` and a random suffix) with ``--count`` messages, then consumes and
+FINishes them: through ``async for`` and ``await message.finish()`` with ``--style iterate``, else
+through a handler per message (``--concurrency`` of them at once, each
 awaiting ``--handler-sleep`` seconds, as a handler doing I/O would: with 100 handlers and
 10 ms, the ideal is 100 / 0.01 s = 10,000 msgs/s).  The last line is
 ``pub_msgs_per_s=<float>`` or ``sub_msgs_per_s=<float>``.
@@ -69,6 +71,18 @@ async def sub(args: argparse.Namespace, lib: Any) -> float:
         nsqd_tcp_addresses=[args.nsqd_tcp_address],
         max_in_flight=args.max_in_flight,
     ) as consumer:
+        if args.style == "iterate":
+            async for message in consumer:
+                if count == 0:
+                    start = time.perf_counter()
+                if sleep:
+                    await anyio.sleep(sleep)
+                await message.finish()
+                count += 1
+                if count >= args.count:
+                    break
+            elapsed = time.perf_counter() - start
+            return (count - 1) / elapsed if elapsed > 0 else 0.0
         async with anyio.create_task_group() as tg:
             tg.start_soon(consumer.run, handler, args.concurrency)
             await done.wait()
@@ -86,6 +100,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--max-in-flight", type=int, default=2500)
+    parser.add_argument(
+        "--style",
+        choices=["handler", "iterate"],
+        default="handler",
+        help="consume through run(handler) or through `async for` and `await message.finish()`",
+    )
     parser.add_argument("--concurrency", type=int, default=1, help="handlers running at once")
     parser.add_argument(
         "--handler-sleep", type=float, default=0.0, help="seconds each handler awaits"
@@ -124,7 +144,7 @@ def main() -> None:
         print(f"bare_{args.mode}_msgs_per_s={bare_rate:.1f} ratio={rate / bare_rate:.2f}")
     print(
         f"backend={args.backend} count={args.count} size={args.size} "
-        f"concurrency={args.concurrency} handler_sleep={args.handler_sleep}"
+        f"style={args.style} concurrency={args.concurrency} handler_sleep={args.handler_sleep}"
     )
     print(f"{args.mode}_msgs_per_s={rate:.1f}")
 

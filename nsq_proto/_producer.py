@@ -11,6 +11,7 @@ server's cluster errors, which trigger a new lookup and a retry (as go-nsq does)
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -132,7 +133,9 @@ class Producer(MultiConnectionCore[_PConn]):
         self._queue: deque[_Request] = deque()
         #: ordered partitions with a request on the wire: (topic, partition) -> request id
         self._streams: dict[tuple[str, int], int] = {}
+        #: publishes not yet answered, oldest first (so by deadline: see publish)
         self._requests: dict[int, _Request] = {}
+        self._last_deadline = -math.inf
         self._routes: dict[str, _TopicRoute] = {}
         self._lookup_pending: set[str] = set()
         self._next_request_id = 1
@@ -151,7 +154,8 @@ class Producer(MultiConnectionCore[_PConn]):
     def next_deadline(self) -> float | None:
         deadline = super().next_deadline()
         if self._requests:
-            first = min(r.deadline for r in self._requests.values())
+            # the oldest request expires first (see publish): no scan of every request
+            first = next(iter(self._requests.values())).deadline
             if deadline is None or first < deadline:
                 deadline = first
         return deadline
@@ -171,7 +175,11 @@ class Producer(MultiConnectionCore[_PConn]):
                 assert isinstance(arg, str)
                 self._lookup(arg)
             # TimerKind.RETRY: a backoff is over; the dispatch below sends it
-        expired = [r for r in self._requests.values() if r.deadline <= now]
+        expired: list[_Request] = []
+        for req in self._requests.values():
+            if req.deadline > now:
+                break  # the rest expire later (see publish)
+            expired.append(req)
         for req in expired:
             lookup_error = self._lookup_errors.get(req.topic)
             if lookup_error is not None and req.topic not in self._routes:
@@ -364,6 +372,12 @@ class Producer(MultiConnectionCore[_PConn]):
             raise LocalProtocolError("delay cannot be negative")
         rid = self._next_request_id
         self._next_request_id += 1
+        # deadlines never decrease in the order requests are made (under a clock that goes
+        # back, one waits for the one before it): the first request is the next to expire
+        deadline = now + self.config.publish_timeout
+        if deadline < self._last_deadline:
+            deadline = self._last_deadline
+        self._last_deadline = deadline
         req = _Request(
             rid,
             topic,
@@ -373,7 +387,7 @@ class Producer(MultiConnectionCore[_PConn]):
             sharding_key,
             trace_ids,
             delay,
-            now + self.config.publish_timeout,
+            deadline,
             ext,
             ext_traced,
         )

@@ -152,6 +152,40 @@ def test_publish_timeout_without_any_nsqd() -> None:
     assert failed.request_id == rid and isinstance(failed.error, PublishTimeout)
 
 
+def test_publishes_answered_out_of_order_time_out_oldest_first() -> None:
+    core, _ = started(["n1:4150", "n2:4150"], publish_timeout=5.0)
+    rids = [core.publish("t", b"%d" % i, float(i)) for i in range(4)]
+    deadline = {rid: 5.0 + i for i, rid in enumerate(rids)}
+    written = sends(core.outputs())
+    assert sum(data.count(b"PUB ") for data in written.values()) == 4
+    assert core.next_deadline() == 5.0
+    # the oldest is acknowledged first on its connection: the next deadline is the second's
+    (first_conn,) = [
+        c for c, data in written.items() if data.startswith(b"PUB t\n\x00\x00\x00\x010")
+    ]
+    core.receive_data(first_conn, response(b"OK"), 1.0)
+    acked = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert rids[0] in acked
+    pending = [r for r in rids if r not in acked]
+    assert core.next_deadline() == min(deadline[r] for r in pending)
+    core.handle_timer(7.5)
+    timed_out = [o.request_id for o in core.outputs() if isinstance(o, PublishFailed)]
+    assert timed_out == [r for r in pending if deadline[r] <= 7.5]
+    assert core.next_deadline() == min(deadline[r] for r in pending if r not in timed_out)
+
+
+def test_a_clock_that_goes_back_does_not_hide_an_older_deadline() -> None:
+    core = Producer(ProducerConfig(publish_timeout=5.0), nsqd_tcp_addresses=["n1:4150"])
+    core.start(0.0)
+    core.outputs()
+    first = core.publish("t", b"x", 10.0)
+    second = core.publish("t", b"y", 3.0)  # a caller's clock went back
+    assert core.next_deadline() == 15.0
+    core.handle_timer(15.0)
+    failed = [o.request_id for o in core.outputs() if isinstance(o, PublishFailed)]
+    assert failed == [first, second]
+
+
 def test_traced_publish_returns_the_receipt() -> None:
     core, ids = started(["n1:4150"], version="0.3.7-HA.1.13.0")
     (c,) = ids.values()
