@@ -182,9 +182,18 @@ class Driver:
             if wait and link.sending is not None and not link.upgrade:
                 await link.sending.wait()  # the writer takes ours next; bounded by its deadline
             return
+        nowait = link.send_nowait
+        if nowait is not None:
+            # a stream with room takes the bytes at once: no other writer can come between,
+            # so no event for them to wait on and no write-timeout scope
+            try:
+                if nowait(data):
+                    return
+            except self._write_failures as exc:
+                link.write_error = exc  # reported by the read loop (see below)
+                return
         backend = self.backend
         link.sending = done = backend.event()
-        nowait = link.send_nowait
         try:
             while True:
                 if nowait is None or not nowait(data):
