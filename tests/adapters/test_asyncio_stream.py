@@ -74,45 +74,40 @@ async def test_a_reader_that_falls_behind_stops_the_socket_and_loses_nothing() -
         await stream.aclose()
 
 
-async def test_a_peer_that_does_not_read_holds_the_writer_back() -> None:
-    release = asyncio.Event()
-    received = bytearray()
+class SlowPeer:
+    """A peer that reads nothing until released, then everything until the end."""
 
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await release.wait()
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.done = asyncio.Event()
+        self.received = bytearray()
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.release.wait()
         while chunk := await reader.read(1 << 20):
-            received.extend(chunk)
+            self.received.extend(chunk)
         writer.close()
+        await writer.wait_closed()
+        self.done.set()
 
+
+async def test_a_peer_that_does_not_read_holds_the_writer_back() -> None:
+    slow = SlowPeer()
     block = b"x" * (64 * 1024 * 1024)
     async with peer(slow) as port:
         stream = await connect("127.0.0.1", port)
         send = asyncio.ensure_future(stream.send(block))
         await asyncio.sleep(0.3)
         assert not send.done()  # waiting for the peer, not buffering 64 MiB in memory
-        release.set()
+        slow.release.set()
         await asyncio.wait_for(send, 30)
         await stream.aclose()
-        for _ in range(500):
-            if len(received) == len(block):
-                break
-            await asyncio.sleep(0.01)
-        assert len(received) == len(block)
+        await asyncio.wait_for(slow.done.wait(), 30)
+        assert len(slow.received) == len(block)
 
 
 async def test_send_nowait_writes_at_once_until_the_peer_falls_behind() -> None:
-    release = asyncio.Event()
-    done = asyncio.Event()
-    received = bytearray()
-
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await release.wait()
-        while chunk := await reader.read(1 << 20):
-            received.extend(chunk)
-        writer.close()
-        await writer.wait_closed()
-        done.set()
-
+    slow = SlowPeer()
     async with peer(slow) as port:
         stream = await connect("127.0.0.1", port)
         written = 0
@@ -126,13 +121,13 @@ async def test_send_nowait_writes_at_once_until_the_peer_falls_behind() -> None:
         assert written > 0
         # refused: nothing of it was written; send waits for the peer instead
         assert not stream.send_nowait(b"z")
-        release.set()
+        slow.release.set()
         await asyncio.wait_for(stream.send(b"z"), 30)
         assert stream.send_nowait(b"!")
         await stream.aclose()
-        await asyncio.wait_for(done.wait(), 30)
-        assert len(received) == written + 2
-        assert received[-2:] == b"z!"
+        await asyncio.wait_for(slow.done.wait(), 30)
+        assert len(slow.received) == written + 2
+        assert slow.received[-2:] == b"z!"
 
 
 async def test_send_nowait_after_the_stream_is_closed_is_a_connection_error() -> None:
