@@ -108,12 +108,8 @@ class AsyncioStream:
 
     async def send(self, data: bytes) -> None:
         protocol = self._protocol
-        transport = self._transport
-        if protocol.error is not None:
-            raise ConnectionResetError(f"the connection was lost: {protocol.error}")
-        if transport.is_closing():
-            raise ConnectionResetError("the connection is closed")
-        transport.write(data)
+        self._check_writable()
+        self._transport.write(data)
         if protocol._write_paused:
             await protocol.drain()
             if protocol.error is not None:
@@ -122,15 +118,17 @@ class AsyncioStream:
     def send_nowait(self, data: bytes) -> bool:
         """Write ``data`` now unless the transport's buffer is above its high-water mark
         (then write nothing and return False: :meth:`send` waits for it to drain)."""
-        protocol = self._protocol
-        if protocol._write_paused:
+        if self._protocol._write_paused:
             return False
-        if protocol.error is not None:
-            raise ConnectionResetError(f"the connection was lost: {protocol.error}")
-        if self._transport.is_closing():
-            raise ConnectionResetError("the connection is closed")
+        self._check_writable()
         self._transport.write(data)
         return True
+
+    def _check_writable(self) -> None:
+        if self._protocol.error is not None:
+            raise ConnectionResetError(f"the connection was lost: {self._protocol.error}")
+        if self._transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
 
     async def receive(self) -> bytes:
         """What arrived since the last call; ``b""`` at the end of the stream."""

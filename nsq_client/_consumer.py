@@ -308,7 +308,7 @@ class Consumer(ClientBase):
         while True:
             message = inbox.take()
             if message is None:
-                message = await inbox.get()
+                message = await inbox.wait_next()
                 if message is None:
                     return
             try:

@@ -190,24 +190,25 @@ class Driver:
                 if nowait(data):
                     return
             except self._write_failures as exc:
-                link.write_error = exc  # reported by the read loop (see below)
+                # the peer closed or reset: the read loop reports it (as below)
+                link.write_error = exc
                 return
+            # no room: wait for it below, within the write timeout
         backend = self.backend
         link.sending = done = backend.event()
         try:
             while True:
-                if nowait is None or not nowait(data):
-                    # once taken from the core, bytes must reach the socket even if this task
-                    # is being cancelled (they may be the FIN/REQ of a stop); bounded
-                    with backend.cancel_scope(
-                        deadline=self._clock() + self._write_timeout, shield=True
-                    ) as scope:
-                        await link.stream.send(data)
-                    if getattr(scope, "cancelled_caught", False):
-                        # part of a command may be on the wire: the connection cannot go on
-                        raise TransportError(
-                            f"writing to {link.host}:{link.port} took over {self._write_timeout} s"
-                        )
+                # once taken from the core, bytes must reach the socket even if this task is
+                # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
+                with backend.cancel_scope(
+                    deadline=self._clock() + self._write_timeout, shield=True
+                ) as scope:
+                    await link.stream.send(data)
+                if getattr(scope, "cancelled_caught", False):
+                    # part of a command may be on the wire: the connection cannot go on
+                    raise TransportError(
+                        f"writing to {link.host}:{link.port} took over {self._write_timeout} s"
+                    )
                 if not link.pending or link.upgrade:
                     break
                 data = b"".join(link.pending)

@@ -172,19 +172,21 @@ class _Inbox:
 
     def take(self) -> Message | None:
         """The next message if one waits and no checkpoint is due, else None (then
-        :meth:`get`): a worker's way to the next message without a coroutine per message."""
+        :meth:`wait_next`): a worker's way to the next message without a coroutine each."""
         self._taken += 1
         if self._items and self._taken % _CHECKPOINT_EVERY:
             # no checkpoint: answers given meanwhile go out together when this task waits
             return self._items.popleft()
-        self._taken -= 1  # counted again by get
         return None
 
     async def get(self) -> Message | None:
         """The next message, or None once closed and empty."""
-        self._taken += 1
-        if self._items and self._taken % _CHECKPOINT_EVERY:
-            return self._items.popleft()
+        message = self.take()
+        return message if message is not None else await self.wait_next()
+
+    async def wait_next(self) -> Message | None:
+        """After :meth:`take` gave None: yield to the loop, then the next message (waiting for
+        one), or None once closed and empty."""
         await self._backend.checkpoint()
         while not self._items:
             if self.closed:

@@ -120,7 +120,7 @@ class FrameDecoder:
             pos = 8 - held
             buf += data[:pos]
             if len(buf) < 8:
-                self._check_partial()
+                self._check_size(buf, 0)  # its frame type is not here yet
                 return b"", b"", 0
             held = 8
         size, frame_type = _unpack_header(buf, 0)
@@ -135,23 +135,21 @@ class FrameDecoder:
         buf.clear()
         return head, data, pos + need
 
-    def _check_partial(self) -> None:
-        """A size field held back (its frame type not here yet) fails as soon as it is."""
-        if len(self._buf) >= 4:
-            (size,) = _unpack_size(self._buf, 0)
+    def _check_size(self, data: bytes | bytearray, pos: int) -> None:
+        """A hostile size field at ``data[pos]`` fails as soon as it is there, not once the
+        rest of its frame arrives."""
+        if len(data) - pos >= 4:
+            (size,) = _unpack_size(data, pos)
             if size < 4 or size > self._max_size:
                 self.reject(size, 0)
 
     def keep(self, data: bytes, pos: int, *, check: bool = True) -> None:
         """Hold ``data[pos:]`` back until the rest of its frame arrives; with ``check``, a
         hostile size field in it fails now, not once the rest arrives."""
-        n = len(data)
-        if pos >= n:
+        if pos >= len(data):
             return
-        if check and n - pos >= 4:
-            (size,) = _unpack_size(data, pos)
-            if size < 4 or size > self._max_size:
-                self.reject(size, 0)
+        if check:
+            self._check_size(data, pos)
         self._buf += data[pos:] if pos else data
 
     def reject(self, size: int, frame_type: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -213,6 +213,40 @@ async def test_a_failed_write_does_not_hide_the_error_nsqd_sent_before_closing(
             with pytest.raises(ServerError) as info:
                 await producer.publish_many("t", [b"x" * 2_000_000])
             assert info.value.code == "E_BAD_MESSAGE"
+
+
+class _BrokenPipeNowaitStream(_BrokenPipeStream):
+    """The same on a stream that takes bytes without waiting (the asyncio stream): the
+    ``MPUB`` goes out through ``send_nowait``, which then fails with ``EPIPE``."""
+
+    def send_nowait(self, data: bytes) -> bool:
+        taken = cast(nsq_client.NowaitStream, self.inner).send_nowait(data)
+        if taken and data.startswith(b"MPUB "):
+            raise BrokenPipeError(32, "Broken pipe")
+        return taken
+
+
+class _BrokenPipeNowaitBackend(AnyioBackend):
+    async def connect_tcp(self, host: str, port: int) -> Any:
+        return _BrokenPipeNowaitStream(await super().connect_tcp(host, port))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_write_without_waiting_that_fails_does_not_hide_the_error_nsqd_sent(
+    anyio_backend: str,
+) -> None:
+    async with serve_emulator(lookupd=False) as cluster:
+        async with nsq_client.Producer(
+            backend=_BrokenPipeNowaitBackend(),
+            nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
+            max_publish_attempts=1,
+        ) as producer:
+            await producer.publish("t", b"before")
+            with pytest.raises(ServerError) as info:
+                await producer.publish_many("t", [b"x" * 2_000_000])
+            assert info.value.code == "E_BAD_MESSAGE"
+            assert producer.stats()["pending"] == 0
 
 
 class _RecordingStream:
