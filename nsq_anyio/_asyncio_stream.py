@@ -5,14 +5,23 @@ transport's reading around every read (two ``epoll_ctl`` calls): right for a gen
 a loop iteration and two system calls too many for a client whose writes are already batched.
 This one writes at once (waiting only while the transport's buffer is above its high-water
 mark), keeps reading while data is buffered below a limit, and hands a reader everything that
-arrived since its last read in one piece.  TLS goes over the same protocol through
-``loop.start_tls``.
+arrived since its last read in one piece, or hands each read over from the protocol's
+``data_received`` callback (:class:`nsq_client.PushStream`).  TLS goes over the same protocol
+through ``loop.start_tls``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
+from contextvars import ContextVar
+
+try:
+    # what anyio asks to know the running library; a loop callback has no task to tell it
+    from sniffio import current_async_library_cvar as _library
+except ImportError:  # pragma: no cover (anyio then finds the running asyncio loop itself)
+    _library = ContextVar("_library", default=None)
 
 __all__ = ["AsyncioStream", "connect"]
 
@@ -32,12 +41,25 @@ class _Protocol(asyncio.Protocol):
         self._read_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
+        #: while pushing: who takes the bytes as they arrive, and the end of the stream
+        self.on_data: Callable[[bytes], None] | None = None
+        self.on_end: Callable[[BaseException | None], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        on_data = self.on_data
+        if on_data is not None:
+            # in a callback of the loop, not a task: anyio calls made from here (starting a
+            # task, reading the clock) must still know they run on asyncio
+            token = _library.set("asyncio")
+            try:
+                on_data(data)
+            finally:
+                _library.reset(token)
+            return
         self.chunks.append(data)
         self.buffered += len(data)
         if self.buffered > _READ_LIMIT and self.transport is not None:
@@ -48,6 +70,7 @@ class _Protocol(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         self._wake_reader()
+        self._end()
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -56,6 +79,17 @@ class _Protocol(asyncio.Protocol):
             self.error = exc
         self._wake_reader()
         self._wake_writer()
+        self._end()
+
+    def _end(self) -> None:
+        on_end = self.on_end
+        if on_end is not None:
+            self.on_data = self.on_end = None  # once
+            token = _library.set("asyncio")
+            try:
+                on_end(self.error)
+            finally:
+                _library.reset(token)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -147,6 +181,32 @@ class AsyncioStream:
             protocol.reading_paused = False
             self._transport.resume_reading()
         return data
+
+    def start_pushing(
+        self,
+        on_data: Callable[[bytes], None],
+        on_end: Callable[[BaseException | None], None],
+    ) -> None:
+        """Hand what arrives to ``on_data`` from ``data_received`` (see
+        :class:`nsq_client.PushStream`), first what arrived and was not read."""
+        protocol = self._protocol
+        protocol.on_data = on_data
+        protocol.on_end = on_end
+        if protocol.chunks:
+            chunks = protocol.chunks
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            protocol.buffered = 0
+            if protocol.reading_paused:
+                protocol.reading_paused = False
+                self._transport.resume_reading()
+            on_data(data)
+        if protocol.eof:
+            protocol._end()
+
+    def stop_pushing(self) -> None:
+        protocol = self._protocol
+        protocol.on_data = protocol.on_end = None
 
     async def aclose(self) -> None:
         self._transport.close()

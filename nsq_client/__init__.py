@@ -18,6 +18,7 @@ from ._backend import Backend as Backend
 from ._backend import BackendBase as BackendBase
 from ._backend import EventLike as EventLike
 from ._backend import NowaitStream as NowaitStream
+from ._backend import PushStream as PushStream
 from ._backend import ScopeLike as ScopeLike
 from ._backend import Stream as Stream
 from ._backend import TaskGroupContext as TaskGroupContext
@@ -54,6 +55,7 @@ __all__ = [
     "Handler",
     "Message",
     "NowaitStream",
+    "PushStream",
     "Producer",
     "ProducerArguments",
     "ProducerConnectionStats",

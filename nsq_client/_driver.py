@@ -10,11 +10,12 @@ import math
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, NSQError, Send, StartTLS
 
-from ._backend import Backend, EventLike, ScopeLike, Stream, TaskGroupLike
+from ._backend import Backend, EventLike, PushStream, ScopeLike, Stream, TaskGroupLike
 
 __all__ = ["Driver", "TransportError"]
 
@@ -56,6 +57,13 @@ class _Link:
     #: a write failed because the peer went away: the read loop reports it once it has read
     #: what the peer said before (often the error that made it close)
     write_error: BaseException | None = None
+    #: while a :class:`PushStream` hands reads over: set at its end or on a failure
+    push_done: EventLike | None = None
+    #: the stream ended (``end_error``: None at a clean end)
+    ended: bool = False
+    end_error: BaseException | None = None
+    #: what a pushed read raised, for the connection's task to raise
+    push_failure: Exception | None = None
 
 
 class Driver:
@@ -159,10 +167,7 @@ class Driver:
             elif type(out) is Send:
                 await self._send(out.conn_id, out.data, wait)
             elif isinstance(out, Connect):
-                link = _Link(out.conn_id, out.host, out.port)
-                self._links[out.conn_id] = link
-                assert self._tg is not None
-                self._tg.start_soon(self._connection, link, out.port, out.timeout)
+                self._connect(out)
             elif isinstance(out, StartTLS):
                 self._start_tls(out)
             elif isinstance(out, Close):
@@ -172,6 +177,39 @@ class Driver:
             elif isinstance(out, HttpRequest):
                 assert self._tg is not None
                 self._tg.start_soon(self._http, out)
+
+    def _drain_now(self) -> None:
+        """Carry out the core's outputs without waiting, from a callback of the loop (a
+        pushed read): bytes a stream takes at once are written here, a write that must wait
+        and a close go on in a task of their own."""
+        core = self.core
+        on_event = self._on_event
+        tg = self._tg
+        assert tg is not None
+        while (out := core.next_output()) is not None:
+            if isinstance(out, Event):
+                on_event(out)
+            elif type(out) is Send:
+                self._send_now(out.conn_id, out.data)
+            elif isinstance(out, Connect):
+                self._connect(out)
+            elif isinstance(out, StartTLS):
+                self._start_tls(out)
+            elif isinstance(out, Close):
+                closing = self._links.pop(out.conn_id, None)
+                if closing is not None:
+                    tg.start_soon(self._shut, closing)
+            elif isinstance(out, HttpRequest):
+                tg.start_soon(self._http, out)
+        deadline = core.next_deadline()
+        if deadline is not None and deadline < self._sleeping_until:
+            self.wake()
+
+    def _connect(self, out: Connect) -> None:
+        link = _Link(out.conn_id, out.host, out.port)
+        self._links[out.conn_id] = link
+        assert self._tg is not None
+        self._tg.start_soon(self._connection, link, out.port, out.timeout)
 
     async def _send(self, conn_id: int, data: bytes, wait: bool = False) -> None:
         link = self._links.get(conn_id)
@@ -194,8 +232,43 @@ class Driver:
                 link.write_error = exc
                 return
             # no room: wait for it below, within the write timeout
+        link.sending = self.backend.event()
+        await self._write(link, data)
+
+    def _send_now(self, conn_id: int, data: bytes) -> None:
+        """:meth:`_send` without waiting: what the stream cannot take at once is written by
+        a task of its own (later bytes queue behind it)."""
+        link = self._links.get(conn_id)
+        if link is None or link.closed or link.write_error is not None:
+            return
+        if link.stream is None or link.upgrade or link.sending is not None:
+            link.pending.append(data)
+            return
+        nowait = link.send_nowait
+        if nowait is not None:
+            try:
+                if nowait(data):
+                    return
+            except self._write_failures as exc:
+                link.write_error = exc
+                return
+        link.pending.append(data)
+        link.sending = self.backend.event()
+        assert self._tg is not None
+        self._tg.start_soon(self._write_pending, link)
+
+    async def _write_pending(self, link: _Link) -> None:
+        data = b"".join(link.pending)
+        link.pending.clear()
+        await self._write(link, data)
+
+    async def _write(self, link: _Link, data: bytes) -> None:
+        """Write ``data``, then what queued in ``link.pending`` meanwhile; ``link.sending``
+        (set by the caller) is set and cleared once done."""
+        done = link.sending
+        stream = link.stream
+        assert done is not None and stream is not None
         backend = self.backend
-        link.sending = done = backend.event()
         try:
             while True:
                 # once taken from the core, bytes must reach the socket even if this task is
@@ -203,7 +276,7 @@ class Driver:
                 with backend.cancel_scope(
                     deadline=self._clock() + self._write_timeout, shield=True
                 ) as scope:
-                    await link.stream.send(data)
+                    await stream.send(data)
                 if getattr(scope, "cancelled_caught", False):
                     # part of a command may be on the wire: the connection cannot go on
                     raise TransportError(
@@ -260,6 +333,9 @@ class Driver:
             self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
             return
         link.upgrade = True
+        stop_pushing = getattr(link.stream, "stop_pushing", None)
+        if stop_pushing is not None:
+            stop_pushing()  # what comes now stays unread until the handshake
         if link.read_scope is not None:
             link.read_scope.cancel()
 
@@ -296,6 +372,10 @@ class Driver:
                 continue
             stream = link.stream
             assert stream is not None
+            if hasattr(stream, "start_pushing"):
+                if await self._pushed_reads(link, cast(PushStream, stream)):
+                    continue
+                return
             data: bytes | None = None
             with backend.cancel_scope() as scope:
                 link.read_scope = scope
@@ -318,6 +398,55 @@ class Driver:
             core.receive_data(link.conn_id, data, self._clock())
             # the events and answers of these bytes, from this task: one hop less
             await self.drain_here()
+
+    async def _pushed_reads(self, link: _Link, stream: PushStream) -> bool:
+        """Let ``stream`` hand reads over from its callbacks (:meth:`_pushed`) until its end,
+        a close or a TLS upgrade; False once the link is over."""
+        backend = self.backend
+        link.push_done = done = backend.event()
+        try:
+            with backend.cancel_scope() as scope:
+                link.read_scope = scope
+                stream.start_pushing(partial(self._pushed, link), partial(self._push_ended, link))
+                await done.wait()
+        finally:
+            link.read_scope = None
+            stream.stop_pushing()
+        failure = link.push_failure
+        if failure is not None:
+            raise failure
+        if not link.ended:
+            return True  # cancelled: an upgrade or a close (the loop looks)
+        error = link.end_error
+        if error is not None and link.tls_fresh:
+            # an alert right after the handshake is nsqd refusing it (see _read_loop)
+            error = self._tls_failure(link, error) or error
+        if isinstance(error, TransportError):
+            await self._lost(link, error)
+        else:
+            await self._lost(link, link.write_error or error)
+        return False
+
+    def _pushed(self, link: _Link, data: bytes) -> None:
+        """Bytes a :class:`PushStream` handed over: into the core, and its outputs out, here."""
+        if link.closed:
+            return
+        link.tls_fresh = False
+        try:
+            self.core.receive_data(link.conn_id, data, self._clock())
+            self._drain_now()
+        except Exception as exc:
+            # raised in the connection's task, as a read there would (not into the loop)
+            link.push_failure = exc
+            assert link.stream is not None and link.push_done is not None
+            cast(PushStream, link.stream).stop_pushing()
+            link.push_done.set()
+
+    def _push_ended(self, link: _Link, error: BaseException | None) -> None:
+        link.ended = True
+        link.end_error = error
+        assert link.push_done is not None
+        link.push_done.set()
 
     async def _upgrade(self, link: _Link) -> bool:
         backend = self.backend

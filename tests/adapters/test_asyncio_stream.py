@@ -186,3 +186,92 @@ async def test_bytes_before_the_tls_handshake_are_refused() -> None:
             await stream.start_tls(context, "localhost")
         await stream.aclose()
         await asyncio.wait_for(done.wait(), 5)
+
+
+async def test_pushing_hands_over_what_waited_then_each_read_then_the_end_once() -> None:
+    go_on = asyncio.Event()
+    done = asyncio.Event()
+
+    async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"one")
+        await writer.drain()
+        await go_on.wait()
+        writer.write(b"two")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"three")
+        writer.close()
+        await writer.wait_closed()
+        done.set()
+
+    async with peer(talk) as port:
+        stream = await connect("127.0.0.1", port)
+        while not stream._protocol.chunks:  # "one" arrived, nobody read it
+            await asyncio.sleep(0.01)
+        got: list[bytes] = []
+        ends: list[BaseException | None] = []
+        ended = asyncio.Event()
+
+        def end(error: BaseException | None) -> None:
+            ends.append(error)
+            ended.set()
+
+        stream.start_pushing(got.append, end)
+        assert got == [b"one"]  # at once, from the call
+        go_on.set()
+        await asyncio.wait_for(ended.wait(), 10)
+        assert b"".join(got) == b"onetwothree" and len(got) >= 2
+        assert ends == [None]  # a clean end, told once (the transport's close is not twice)
+        await stream.aclose()
+        await asyncio.wait_for(done.wait(), 10)
+
+
+async def test_after_stop_pushing_what_arrives_waits_for_a_read() -> None:
+    go_on = asyncio.Event()
+
+    async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"pushed")
+        await writer.drain()
+        await go_on.wait()
+        writer.write(b"kept")
+        writer.close()
+        await writer.wait_closed()
+
+    async with peer(talk) as port:
+        stream = await connect("127.0.0.1", port)
+        got: list[bytes] = []
+        ends: list[BaseException | None] = []
+        stream.start_pushing(got.append, ends.append)
+        while not got:
+            await asyncio.sleep(0.01)
+        stream.stop_pushing()
+        go_on.set()
+        assert await read_all(stream) == b"kept"
+        assert got == [b"pushed"] and ends == []
+        # pushing again at the end of the stream tells the end at once
+        stream.start_pushing(got.append, ends.append)
+        assert ends == [None] and got == [b"pushed"]
+        await stream.aclose()
+
+
+async def test_a_reset_while_pushing_ends_with_the_error() -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async with peer(reset) as port:
+        stream = await connect("127.0.0.1", port)
+        ended = asyncio.Event()
+        ends: list[BaseException | None] = []
+
+        def end(error: BaseException | None) -> None:
+            ends.append(error)
+            ended.set()
+
+        stream.start_pushing(lambda data: None, end)
+        await stream.send(b"hello")
+        await asyncio.wait_for(ended.wait(), 10)
+        assert len(ends) == 1 and isinstance(ends[0], OSError)
+        await stream.aclose()
