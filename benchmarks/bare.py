@@ -101,12 +101,21 @@ async def sub(address: str, topic: str, channel: str, count: int, rdy: int = 250
     return (seen - 1) / elapsed if elapsed > 0 else 0.0
 
 
-async def round_trip(address: str, topic: str, count: int, size: int) -> list[float]:
-    """Seconds each of ``count`` single PUBs took to be acknowledged."""
+async def round_trip(
+    address: str, topic: str, count: int, size: int, spin: float = 0.0
+) -> list[float]:
+    """Seconds each of ``count`` single PUBs took to be acknowledged; with ``spin``, the loop
+    first keeps the CPU busy that many seconds before each PUB (untimed), as a client's own
+    work between two round trips would."""
     reader, writer = await _open(address)
     command = _pub(topic, b"x" * size)
     times = []
+    clock = time.perf_counter
     for _ in range(count):
+        if spin:
+            until = clock() + spin
+            while clock() < until:
+                pass
         start = time.perf_counter()
         writer.write(command)
         await _frame(reader)

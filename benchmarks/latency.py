@@ -5,7 +5,9 @@
 ``round trip``: single ``publish()`` calls, each waiting for nsqd's OK.  ``end to end``: a
 publish until the consumer's handler has the message (one in flight at a time).  Prints p50
 and p99 in microseconds for the client and the bare loop (``benchmarks/bare.py``), and the
-ratio of the p50s.
+ratio of the p50s.  ``--bare-spin 0.00002`` runs the bare round trip once more, busy for that
+many seconds before each PUB (untimed): how its figure moves when the process does some work
+between trips, as any client does.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--backend", choices=["asyncio", "trio", "nsq_trio"], default="asyncio")
+    parser.add_argument(
+        "--bare-spin", type=float, default=0.0, help="seconds of work before each bare PUB"
+    )
     args = parser.parse_args()
     lib = importlib.import_module("nsq_trio" if args.backend == "nsq_trio" else "nsq_anyio")
     loop = "trio" if args.backend == "nsq_trio" else args.backend
@@ -97,6 +102,15 @@ def main() -> None:
         rows.append(
             f"{name}: client p50={c50:.0f}us p99={c99:.0f}us  bare p50={b50:.0f}us "
             f"p99={b99:.0f}us  p50 ratio={c50 / b50:.2f}"
+        )
+    if args.bare_spin:
+        spun = asyncio.run(
+            bare.round_trip(address, f"lat_spin_{tag}", args.count, args.size, args.bare_spin)
+        )
+        s50, s99 = percentiles(spun)
+        rows.append(
+            f"round_trip, bare busy {args.bare_spin * 1e6:.0f}us before each PUB: "
+            f"p50={s50:.0f}us p99={s99:.0f}us"
         )
     print(f"backend={args.backend} count={args.count} size={args.size}")
     for row in rows:
