@@ -173,6 +173,11 @@ class AsyncioStream:
                     raise protocol.error
                 return b""
             await protocol.wait_readable()
+        return self._take()
+
+    def _take(self) -> bytes:
+        """What arrived and was not read, in one piece (reading goes on if it had stopped)."""
+        protocol = self._protocol
         chunks = protocol.chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
@@ -193,14 +198,7 @@ class AsyncioStream:
         protocol.on_data = on_data
         protocol.on_end = on_end
         if protocol.chunks:
-            chunks = protocol.chunks
-            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            chunks.clear()
-            protocol.buffered = 0
-            if protocol.reading_paused:
-                protocol.reading_paused = False
-                self._transport.resume_reading()
-            on_data(data)
+            on_data(self._take())
         if protocol.eof:
             protocol._end()
 

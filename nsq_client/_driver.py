@@ -211,27 +211,34 @@ class Driver:
         assert self._tg is not None
         self._tg.start_soon(self._connection, link, out.port, out.timeout)
 
-    async def _send(self, conn_id: int, data: bytes, wait: bool = False) -> None:
-        link = self._links.get(conn_id)
+    def _write_now(self, link: _Link | None, data: bytes) -> bool:
+        """Hand ``data`` to ``link`` without waiting: True once dealt with (written by a
+        stream with room, queued for the connect, the TLS upgrade or the write under way, or
+        dropped with a link that is gone); False when it must be written waiting for room."""
         if link is None or link.closed or link.write_error is not None:
-            return
+            return True
         if link.stream is None or link.upgrade or link.sending is not None:
             link.pending.append(data)  # written once connected, TLS is up, or by the writer
-            if wait and link.sending is not None and not link.upgrade:
+            return True
+        nowait = link.send_nowait
+        if nowait is None:
+            return False
+        # a stream with room takes the bytes at once: no other writer can come between, so
+        # no event for them to wait on and no write-timeout scope
+        try:
+            return nowait(data)
+        except self._write_failures as exc:
+            # the peer closed or reset: the read loop reports it once it read what came first
+            link.write_error = exc
+            return True
+
+    async def _send(self, conn_id: int, data: bytes, wait: bool = False) -> None:
+        link = self._links.get(conn_id)
+        if self._write_now(link, data):
+            if wait and link is not None and link.sending is not None and not link.upgrade:
                 await link.sending.wait()  # the writer takes ours next; bounded by its deadline
             return
-        nowait = link.send_nowait
-        if nowait is not None:
-            # a stream with room takes the bytes at once: no other writer can come between,
-            # so no event for them to wait on and no write-timeout scope
-            try:
-                if nowait(data):
-                    return
-            except self._write_failures as exc:
-                # the peer closed or reset: the read loop reports it (as below)
-                link.write_error = exc
-                return
-            # no room: wait for it below, within the write timeout
+        assert link is not None
         link.sending = self.backend.event()
         await self._write(link, data)
 
@@ -239,22 +246,11 @@ class Driver:
         """:meth:`_send` without waiting: what the stream cannot take at once is written by
         a task of its own (later bytes queue behind it)."""
         link = self._links.get(conn_id)
-        if link is None or link.closed or link.write_error is not None:
+        if self._write_now(link, data):
             return
-        if link.stream is None or link.upgrade or link.sending is not None:
-            link.pending.append(data)
-            return
-        nowait = link.send_nowait
-        if nowait is not None:
-            try:
-                if nowait(data):
-                    return
-            except self._write_failures as exc:
-                link.write_error = exc
-                return
+        assert link is not None and self._tg is not None
         link.pending.append(data)
         link.sending = self.backend.event()
-        assert self._tg is not None
         self._tg.start_soon(self._write_pending, link)
 
     async def _write_pending(self, link: _Link) -> None:

@@ -188,6 +188,18 @@ async def test_bytes_before_the_tls_handshake_are_refused() -> None:
         await asyncio.wait_for(done.wait(), 5)
 
 
+class Ends:
+    """An ``on_end`` callback that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.errors: list[BaseException | None] = []
+        self.ended = asyncio.Event()
+
+    def __call__(self, error: BaseException | None) -> None:
+        self.errors.append(error)
+        self.ended.set()
+
+
 async def test_pushing_hands_over_what_waited_then_each_read_then_the_end_once() -> None:
     go_on = asyncio.Event()
     done = asyncio.Event()
@@ -209,19 +221,13 @@ async def test_pushing_hands_over_what_waited_then_each_read_then_the_end_once()
         while not stream._protocol.chunks:  # "one" arrived, nobody read it
             await asyncio.sleep(0.01)
         got: list[bytes] = []
-        ends: list[BaseException | None] = []
-        ended = asyncio.Event()
-
-        def end(error: BaseException | None) -> None:
-            ends.append(error)
-            ended.set()
-
-        stream.start_pushing(got.append, end)
+        ends = Ends()
+        stream.start_pushing(got.append, ends)
         assert got == [b"one"]  # at once, from the call
         go_on.set()
-        await asyncio.wait_for(ended.wait(), 10)
+        await asyncio.wait_for(ends.ended.wait(), 10)
         assert b"".join(got) == b"onetwothree" and len(got) >= 2
-        assert ends == [None]  # a clean end, told once (the transport's close is not twice)
+        assert ends.errors == [None]  # a clean end, told once (the transport closing is not)
         await stream.aclose()
         await asyncio.wait_for(done.wait(), 10)
 
@@ -263,15 +269,9 @@ async def test_a_reset_while_pushing_ends_with_the_error() -> None:
 
     async with peer(reset) as port:
         stream = await connect("127.0.0.1", port)
-        ended = asyncio.Event()
-        ends: list[BaseException | None] = []
-
-        def end(error: BaseException | None) -> None:
-            ends.append(error)
-            ended.set()
-
-        stream.start_pushing(lambda data: None, end)
+        ends = Ends()
+        stream.start_pushing(lambda data: None, ends)
         await stream.send(b"hello")
-        await asyncio.wait_for(ended.wait(), 10)
-        assert len(ends) == 1 and isinstance(ends[0], OSError)
+        await asyncio.wait_for(ends.ended.wait(), 10)
+        assert len(ends.errors) == 1 and isinstance(ends.errors[0], OSError)
         await stream.aclose()
