@@ -16,6 +16,7 @@ import asyncio
 import ssl
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import TypeVar
 
 try:
     # what anyio asks to know the running library; a loop callback has no task to tell it
@@ -25,8 +26,20 @@ except ImportError:  # pragma: no cover (anyio then finds the running asyncio lo
 
 __all__ = ["AsyncioStream", "connect"]
 
+_T = TypeVar("_T")
+
 #: stop reading from the socket when this much arrived and was not read yet
 _READ_LIMIT = 4 * 1024 * 1024
+
+
+def _as_asyncio(callback: Callable[[_T], None], arg: _T) -> None:
+    """Call ``callback(arg)`` from a callback of the loop, not a task: anyio calls made there
+    (starting a task, reading the clock) must still know they run on asyncio."""
+    token = _library.set("asyncio")
+    try:
+        callback(arg)
+    finally:
+        _library.reset(token)
 
 
 class _Protocol(asyncio.Protocol):
@@ -52,13 +65,7 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         on_data = self.on_data
         if on_data is not None:
-            # in a callback of the loop, not a task: anyio calls made from here (starting a
-            # task, reading the clock) must still know they run on asyncio
-            token = _library.set("asyncio")
-            try:
-                on_data(data)
-            finally:
-                _library.reset(token)
+            _as_asyncio(on_data, data)
             return
         self.chunks.append(data)
         self.buffered += len(data)
@@ -85,11 +92,7 @@ class _Protocol(asyncio.Protocol):
         on_end = self.on_end
         if on_end is not None:
             self.on_data = self.on_end = None  # once
-            token = _library.set("asyncio")
-            try:
-                on_end(self.error)
-            finally:
-                _library.reset(token)
+            _as_asyncio(on_end, self.error)
 
     def pause_writing(self) -> None:
         self._write_paused = True

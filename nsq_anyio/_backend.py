@@ -69,11 +69,7 @@ class AnyioBackend(BackendBase):
     def event(self) -> anyio.Event | asyncio.Event:
         """On asyncio, the loop's own event (anyio's wraps it: four times the cost of one, on
         every publish and every write); on trio, anyio's (trio's)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return anyio.Event()
-        return asyncio.Event()
+        return anyio.Event() if _asyncio_loop() is None else asyncio.Event()
 
     def cancel_scope(
         self, *, deadline: float = math.inf, shield: bool = False

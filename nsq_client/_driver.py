@@ -414,13 +414,9 @@ class Driver:
         if not link.ended:
             return True  # cancelled: an upgrade or a close (the loop looks)
         error = link.end_error
-        if error is not None and link.tls_fresh:
-            # an alert right after the handshake is nsqd refusing it (see _read_loop)
-            error = self._tls_failure(link, error) or error
-        if isinstance(error, TransportError):
-            await self._lost(link, error)
-        else:
-            await self._lost(link, link.write_error or error)
+        # as in _read_loop: an alert right after the handshake is nsqd refusing it
+        refused = self._tls_failure(link, error) if error and link.tls_fresh else None
+        await self._lost(link, refused or link.write_error or error)
         return False
 
     def _pushed(self, link: _Link, data: bytes) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 import typing
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import pytest
 
 import nsq_client
+from nsq_anyio._asyncio_stream import AsyncioStream
 from nsq_anyio._backend import AnyioBackend
 from nsq_anyio._server import serve_emulator
 from nsq_proto import (
@@ -191,58 +192,58 @@ class _BrokenPipeStream:
             self.written.set()
 
 
-class _BrokenPipeBackend(AnyioBackend):
+class _BrokenPipeNowaitStream(_BrokenPipeStream):
+    """The same on the asyncio stream, which takes bytes without waiting and hands reads
+    over from its callback: the ``MPUB`` goes out through ``send_nowait``, which then fails
+    with ``EPIPE``, and nsqd's answer comes in a pushed read."""
+
+    inner: AsyncioStream
+
+    def send_nowait(self, data: bytes) -> bool:
+        taken = self.inner.send_nowait(data)
+        if taken and data.startswith(b"MPUB "):
+            raise BrokenPipeError(32, "Broken pipe")
+        return taken
+
+    def start_pushing(self, on_data: Any, on_end: Any) -> None:
+        self.inner.start_pushing(on_data, on_end)
+
+    def stop_pushing(self) -> None:
+        self.inner.stop_pushing()
+
+
+class _WrappingBackend(AnyioBackend):
+    """anyio's backend, each of its streams wrapped in ``wrap``."""
+
+    def __init__(self, wrap: Any) -> None:
+        self.wrap = wrap
+
     async def connect_tcp(self, host: str, port: int) -> Any:
-        return _BrokenPipeStream(await super().connect_tcp(host, port))
+        return self.wrap(await super().connect_tcp(host, port))
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    ("anyio_backend", "stream"),
+    [
+        ("asyncio", _BrokenPipeStream),
+        ("trio", _BrokenPipeStream),
+        ("asyncio", _BrokenPipeNowaitStream),
+    ],
+    ids=["asyncio-send", "trio-send", "asyncio-send_nowait-pushed"],
+)
 async def test_a_failed_write_does_not_hide_the_error_nsqd_sent_before_closing(
-    anyio_backend: str,
+    anyio_backend: str, stream: Any
 ) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         async with nsq_client.Producer(
-            backend=_BrokenPipeBackend(),
+            backend=_WrappingBackend(stream),
             nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
             max_publish_attempts=1,
         ) as producer:
             await producer.publish("t", b"before")
             # over nsqd's max_msg_size: nsqd answers E_BAD_MESSAGE and closes; the user sees
             # that answer, not the broken pipe of the write it interrupted
-            with pytest.raises(ServerError) as info:
-                await producer.publish_many("t", [b"x" * 2_000_000])
-            assert info.value.code == "E_BAD_MESSAGE"
-
-
-class _BrokenPipeNowaitStream(_BrokenPipeStream):
-    """The same on a stream that takes bytes without waiting (the asyncio stream): the
-    ``MPUB`` goes out through ``send_nowait``, which then fails with ``EPIPE``."""
-
-    def send_nowait(self, data: bytes) -> bool:
-        taken = cast(nsq_client.NowaitStream, self.inner).send_nowait(data)
-        if taken and data.startswith(b"MPUB "):
-            raise BrokenPipeError(32, "Broken pipe")
-        return taken
-
-
-class _BrokenPipeNowaitBackend(AnyioBackend):
-    async def connect_tcp(self, host: str, port: int) -> Any:
-        return _BrokenPipeNowaitStream(await super().connect_tcp(host, port))
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_write_without_waiting_that_fails_does_not_hide_the_error_nsqd_sent(
-    anyio_backend: str,
-) -> None:
-    async with serve_emulator(lookupd=False) as cluster:
-        async with nsq_client.Producer(
-            backend=_BrokenPipeNowaitBackend(),
-            nsqd_tcp_addresses=cluster.nsqd_tcp_addresses,
-            max_publish_attempts=1,
-        ) as producer:
-            await producer.publish("t", b"before")
             with pytest.raises(ServerError) as info:
                 await producer.publish_many("t", [b"x" * 2_000_000])
             assert info.value.code == "E_BAD_MESSAGE"
