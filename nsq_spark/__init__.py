@@ -30,9 +30,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._datasource import SCHEMA, NSQDataSource
+from ._executor_source import NSQExecutorStreamReader, NSQStagedPartition
 from ._options import OptionError
 from ._sink import NSQCommitMessage, NSQStreamWriter, NSQWriter
 from ._source import ConnectTimeout, NSQInputPartition, NSQStreamReader
+from ._staging import StagingNotShared
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,11 +44,14 @@ __all__ = [
     "ConnectTimeout",
     "NSQCommitMessage",
     "NSQDataSource",
+    "NSQExecutorStreamReader",
     "NSQInputPartition",
+    "NSQStagedPartition",
     "NSQStreamReader",
     "NSQStreamWriter",
     "NSQWriter",
     "OptionError",
+    "StagingNotShared",
     "register",
 ]
 

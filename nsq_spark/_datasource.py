@@ -18,6 +18,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ._executor_source import NSQExecutorStreamReader
 from ._options import parse_sink_options, parse_source_options
 from ._sink import NSQStreamWriter, NSQWriter, check_sink_schema
 from ._source import NSQStreamReader, RefusingStreamReader
@@ -66,7 +67,10 @@ class NSQDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         try:
-            return NSQStreamReader(parse_source_options(self.options), schema)
+            options = parse_source_options(self.options)
+            if options.read_mode == "executors":
+                return NSQExecutorStreamReader(options, schema)
+            return NSQStreamReader(options, schema)
         except ValueError as exc:
             # with a schema given, ``.load()`` does not ask for ours and the options arrive
             # here first; an exception raised here reaches the user buried under one of

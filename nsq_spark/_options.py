@@ -284,6 +284,19 @@ class SourceOptions:
     #: partitioned NSQ: where a new query starts (not applied when it resumes from a
     #: checkpoint)
     start_from: StartFrom | Mapping[int, StartFrom] | None = None
+    #: ``executors``: tasks consume on the executors, batches are staged and replayable;
+    #: ``driver``: one reader on the driver holds the messages (at-least-once)
+    read_mode: str = "executors"
+    #: executors: nsqd's HTTP addresses, in the order of ``nsqd_tcp_addresses``
+    nsqd_http_addresses: tuple[str, ...] = ()
+    #: executors: where tasks stage the rows of a batch (a path or a ``pyarrow.fs`` URI)
+    staging_location: str | None = None
+    #: executors: the largest micro-batch in bytes of message bodies
+    max_bytes_per_trigger: int = 64 * 1024 * 1024
+    #: executors: the most messages one task consumes (nsqd's ``--max-rdy-count``)
+    max_messages_per_partition: int = 2500
+    #: executors: seconds a task waits for its next message before it ends with fewer
+    task_idle_timeout: float = 1.0
 
     @property
     def touch_interval(self) -> float:
@@ -329,6 +342,12 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "connect_timeout",
         "max_connections_per_nsqd",
         "start_from",
+        "read_mode",
+        "nsqd_http_addresses",
+        "staging_location",
+        "max_bytes_per_trigger",
+        "max_messages_per_partition",
+        "task_idle_timeout",
     )
 }
 
@@ -371,6 +390,11 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     assert idle is not None
     connect_timeout = r.seconds("connect_timeout", 30.0, minimum=0.001)
     assert connect_timeout is not None
+    read_mode = (r.text("read_mode") or "executors").lower()
+    if read_mode not in ("executors", "driver"):
+        raise OptionError(f"option 'read_mode' is executors or driver, not {read_mode!r}")
+    task_idle_timeout = r.seconds("task_idle_timeout", 1.0, minimum=0.001)
+    assert task_idle_timeout is not None
     partitions_text = r.text("partitions")
     partitions: tuple[int, ...] | None = None
     if partitions_text is not None:
@@ -399,13 +423,41 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         connect_timeout=connect_timeout,
         max_connections_per_nsqd=r.integer("max_connections_per_nsqd", 64, minimum=1),
         start_from=_start_from(r.text("start_from")),
+        read_mode=read_mode,
+        nsqd_http_addresses=r.addresses("nsqd_http_addresses"),
+        staging_location=r.text("staging_location"),
+        max_bytes_per_trigger=r.integer("max_bytes_per_trigger", 64 * 1024 * 1024, minimum=1),
+        max_messages_per_partition=r.integer("max_messages_per_partition", 2500, minimum=1),
+        task_idle_timeout=task_idle_timeout,
     )
     if parsed.start_from is not None and not connection.lookupd_http_addresses:
         raise OptionError("option 'start_from' needs lookupd_http_addresses")
     unknown = r.unknown(_SOURCE_KEYS)
     if unknown:
         raise _unknown_options("source", unknown, _SOURCE_KEYS)
+    if read_mode == "executors":
+        _check_executor_mode(parsed)
     return parsed
+
+
+def _check_executor_mode(o: SourceOptions) -> None:
+    """What reading on the executors needs: nsqd's HTTP addresses (the driver asks nsqd's
+    ``/stats`` how many messages wait) and a channel that outlives its connections."""
+    c = o.connection
+    if c.nsqd_tcp_addresses and len(o.nsqd_http_addresses) != len(c.nsqd_tcp_addresses):
+        raise OptionError(
+            "read_mode 'executors' with nsqd_tcp_addresses needs nsqd_http_addresses: nsqd's"
+            " HTTP host:port, one for each TCP address and in the same order (or give"
+            " lookupd_http_addresses, or read_mode 'driver')"
+        )
+    if o.channel.endswith("#ephemeral"):
+        raise OptionError(
+            "an #ephemeral channel ends when its last connection closes, between two tasks:"
+            " read it with read_mode 'driver'"
+        )
+    for name, used in (("ordered", o.ordered), ("start_from", o.start_from is not None)):
+        if used:
+            raise OptionError(f"option {name!r} needs read_mode 'driver'")
 
 
 @dataclass(frozen=True)

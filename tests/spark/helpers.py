@@ -22,6 +22,7 @@ class Emulator:
         self.portal = portal
         self.cluster = cluster
         self.address = cluster.nsqd_tcp_addresses[0]
+        self.http_address = cluster.nsqd_http_addresses[0]
         self.nsqd = cluster.nsqds[0]
 
     def on_loop(self, func: Callable[..., T], *args: Any) -> T:

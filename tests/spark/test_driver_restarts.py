@@ -196,6 +196,8 @@ class Driver:
             "maxMessagesPerTrigger": 100,
             # what a killed driver held comes back after msg_timeout
             "msg_timeout": 2,
+            # the reader that holds messages in the driver between batches
+            "read_mode": "driver",
         }
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

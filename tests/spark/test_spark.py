@@ -27,6 +27,7 @@ def source(spark: Any, emulator: Emulator, topic: str, **options: object) -> Any
     reader = (
         spark.readStream.format("nsq")
         .option("nsqd_tcp_addresses", emulator.address)
+        .option("nsqd_http_addresses", emulator.http_address)
         .option("topic", topic)
         .option("channel", "spark")
     )
@@ -109,7 +110,13 @@ def test_stop_and_restart_from_the_checkpoint_loses_nothing(
         # msg_timeout 30 s: if the stopped reader did not requeue, nothing would come back
         # for 30 s
         df = source(
-            spark, emulator, topic, max_in_flight=60, maxMessagesPerTrigger=20, msg_timeout=30
+            spark,
+            emulator,
+            topic,
+            max_in_flight=60,
+            maxMessagesPerTrigger=20,
+            msg_timeout=30,
+            read_mode="driver",  # the reader that holds messages between batches
         )
         return (
             df.writeStream.format("parquet")
@@ -180,7 +187,11 @@ def test_messages_are_finished_only_after_their_batch_committed(
             seen.append((batch_id, ids, states, gone))
         previous[:] = ids
 
-    df = source(spark, emulator, topic, max_in_flight=40, maxMessagesPerTrigger=20)
+    # the driver-side reader FINishes once the batch is committed (on the executors, a task
+    # FINishes once it has staged its rows)
+    df = source(
+        spark, emulator, topic, max_in_flight=40, maxMessagesPerTrigger=20, read_mode="driver"
+    )
     query = (
         df.writeStream.foreachBatch(on_batch)
         .option("checkpointLocation", str(tmp_path / "cp"))
@@ -214,7 +225,7 @@ def test_held_messages_are_touched_while_a_batch_runs(
             time.sleep(3.5)  # over three times msg_timeout
         got.extend(r.body for r in rows)
 
-    df = source(spark, emulator, topic, max_in_flight=n, msg_timeout=1)
+    df = source(spark, emulator, topic, max_in_flight=n, msg_timeout=1, read_mode="driver")
     query = (
         df.writeStream.foreachBatch(slow)
         .option("checkpointLocation", str(tmp_path / "cp"))
@@ -393,13 +404,16 @@ def test_bad_source_options_fail_at_load(
 def test_an_unreachable_nsqd_fails_the_query_after_connect_timeout(
     spark: Any, tmp_path: Path
 ) -> None:
-    with socket.socket() as s:
+    with socket.socket() as s, socket.socket() as h:
         s.bind(("127.0.0.1", 0))
+        h.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens there now
+        http = f"127.0.0.1:{h.getsockname()[1]}"
     started = time.monotonic()
     query = (
         spark.readStream.format("nsq")
         .option("nsqd_tcp_addresses", address)
+        .option("nsqd_http_addresses", http)
         .option("topic", "t")
         .option("channel", "c")
         .option("connect_timeout", "2")
@@ -416,7 +430,7 @@ def test_an_unreachable_nsqd_fails_the_query_after_connect_timeout(
     assert time.monotonic() - started < 20
     assert last_line(info.value).startswith(
         "nsq_spark.ConnectTimeout: the nsq source of t/c has no nsqd to consume from after"
-        f" connect_timeout (2 s) (nsqd {address}); last error: nsqd: "
+        f" connect_timeout (2 s) (nsqd {address} (HTTP {http})); last error: nsqd: {http}: "
     )
 
 
@@ -568,6 +582,7 @@ def test_a_narrower_schema_selects_columns(spark: Any, emulator: Emulator, tmp_p
         spark.readStream.format("nsq")
         .schema("body string, attempts int")
         .option("nsqd_tcp_addresses", emulator.address)
+        .option("nsqd_http_addresses", emulator.http_address)
         .option("topic", topic)
         .option("channel", "spark")
         .load()

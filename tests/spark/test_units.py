@@ -44,7 +44,13 @@ from .helpers import Emulator, wait_for
 
 def test_source_options_defaults_and_spellings() -> None:
     o = parse_source_options(
-        {"topic": "t", "channel": "c", "nsqdTcpAddresses": "a:1, b:2", "MAX_IN_FLIGHT": "300"}
+        {
+            "topic": "t",
+            "channel": "c",
+            "nsqdTcpAddresses": "a:1, b:2",
+            "MAX_IN_FLIGHT": "300",
+            "read_mode": "driver",
+        }
     )
     assert o.connection.nsqd_tcp_addresses == ("a:1", "b:2")
     assert (o.max_in_flight, o.max_messages_per_trigger, o.num_partitions) == (300, 150, 1)
@@ -62,6 +68,7 @@ def test_source_options_defaults_and_spellings() -> None:
             "auth_secret": "s",
             "ordered": "true",
             "partitions": "0,2",
+            "read_mode": "driver",
         }
     )
     kwargs = o.consumer_kwargs()
@@ -74,7 +81,7 @@ def test_source_options_defaults_and_spellings() -> None:
 def test_start_from_applies_to_a_new_query_only() -> None:
     from nsq_proto import StartFrom
 
-    base = {"topic": "t", "channel": "c", "lookupd_http_addresses": "l:4161"}
+    base = {"topic": "t", "channel": "c", "lookupd_http_addresses": "l:4161", "read_mode": "driver"}
     o = parse_source_options({**base, "startFrom": "end"})
     assert o.consumer_kwargs(fresh=True)["start_from"] == StartFrom.end()
     assert "start_from" not in o.consumer_kwargs()  # resuming from a checkpoint
@@ -144,7 +151,7 @@ def test_source_option_errors(options: dict[str, str], message: str) -> None:
 
 
 def test_source_options_are_checked_when_spark_asks_for_the_schema() -> None:
-    options = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1"}
+    options = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "read_mode": "driver"}
     assert NSQDataSource(options).schema() == SCHEMA
     with pytest.raises(OptionError, match="'channel'"):
         NSQDataSource({"topic": "t", "nsqd_tcp_addresses": "a:1"}).schema()
@@ -189,13 +196,19 @@ def test_tls_options_build_a_verifying_context(tmp_path: Any) -> None:
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     o = parse_source_options(
-        {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "tls_ca_file": str(ca_file)}
+        {
+            "topic": "t",
+            "channel": "c",
+            "nsqd_tcp_addresses": "a:1",
+            "tls_ca_file": str(ca_file),
+            "read_mode": "driver",
+        }
     )
     context = o.connection.ssl_context()
     assert o.connection.tls and context is not None and context.check_hostname
     assert (
         parse_source_options(
-            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1"}
+            {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:1", "read_mode": "driver"}
         ).connection.ssl_context()
         is None
     )
@@ -205,7 +218,12 @@ def test_tls_options_build_a_verifying_context(tmp_path: Any) -> None:
 
 
 def make_reader(emulator: Emulator, topic: str, **options: object) -> NSQStreamReader:
-    values = {"topic": topic, "channel": "c", "nsqd_tcp_addresses": emulator.address}
+    values = {
+        "topic": topic,
+        "channel": "c",
+        "nsqd_tcp_addresses": emulator.address,
+        "read_mode": "driver",
+    }
     values.update({k: str(v) for k, v in options.items()})
     return NSQStreamReader(parse_source_options(values), SCHEMA, handle_sigterm=False)
 
@@ -235,7 +253,12 @@ def held_count(reader: NSQStreamReader) -> int:
 
 def test_the_data_source_and_reader_pickle_and_connect_lazily(emulator: Emulator) -> None:
     source = NSQDataSource(
-        {"topic": "lazy", "channel": "c", "nsqd_tcp_addresses": emulator.address}
+        {
+            "topic": "lazy",
+            "channel": "c",
+            "nsqd_tcp_addresses": emulator.address,
+            "read_mode": "driver",
+        }
     )
     reader = source.streamReader(SCHEMA)
     assert isinstance(reader, NSQStreamReader)
@@ -447,7 +470,13 @@ def closed_port() -> int:
 @pytest.mark.parametrize("where", ["nsqd_tcp_addresses", "lookupd_http_addresses"])
 def test_an_unreachable_nsqd_fails_the_reader_after_connect_timeout(where: str) -> None:
     address = f"127.0.0.1:{closed_port()}"
-    options = {"topic": "t", "channel": "c", where: address, "connect_timeout": "0.5"}
+    options = {
+        "topic": "t",
+        "channel": "c",
+        where: address,
+        "connect_timeout": "0.5",
+        "read_mode": "driver",
+    }
     reader = NSQStreamReader(parse_source_options(options), SCHEMA, handle_sigterm=False)
     started = time.monotonic()
     try:
@@ -474,7 +503,12 @@ def test_an_unreachable_nsqd_fails_the_reader_after_connect_timeout(where: str) 
 def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
     schema = StructType([StructField("id", StringType()), StructField("body", StringType())])
     options = parse_source_options(
-        {"topic": "t", "channel": "c", "nsqd_tcp_addresses": emulator.address}
+        {
+            "topic": "t",
+            "channel": "c",
+            "nsqd_tcp_addresses": emulator.address,
+            "read_mode": "driver",
+        }
     )
     reader = NSQStreamReader(options, schema, handle_sigterm=False)
     message = SimpleNamespace(id=b"0123456789abcdef", body=b"text")
@@ -590,7 +624,13 @@ def test_tls_and_compression_end_to_end(tmp_path: Any, readers: list[NSQStreamRe
             _POOL.close()
             reader = NSQStreamReader(
                 parse_source_options(
-                    {**common, "topic": "tls", "channel": "c", "compression": "deflate"}
+                    {
+                        **common,
+                        "topic": "tls",
+                        "channel": "c",
+                        "compression": "deflate",
+                        "read_mode": "driver",
+                    }
                 ),
                 SCHEMA,
                 handle_sigterm=False,

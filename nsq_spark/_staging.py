@@ -1,0 +1,166 @@
+"""Where the tasks of the executor-side source make what they consumed durable before they
+FINish it: one Arrow IPC file per (run, batch, partition) under a location that the driver and
+every executor reach (a local path, or any ``pyarrow.fs`` URI: ``hdfs://``, ``s3://``, ...).
+
+``<location>/<run>/_source``   written by the driver; a task that does not see it is not on a
+                               filesystem shared with the driver
+``<location>/<run>/<batch>/<partition>.arrow``   the rows of one task, written once
+
+A file is written under a temporary name and then moved to its name, without replacing one
+already there: the first writer wins, and a task that loses reads the winner's rows.  On a
+local filesystem the move is ``link`` + ``unlink`` (atomic, fails if the name exists); on HDFS a
+rename (which refuses an existing name); on object stores (S3, GCS) a check then a copy, which
+is not exclusive: two attempts of one task running at the same moment (speculation) may both
+believe they won there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.fs as pafs  # type: ignore[import-untyped]
+
+__all__ = ["Staging", "StagingNotShared", "default_staging_location"]
+
+_MARKER = "_source"
+
+
+class StagingNotShared(RuntimeError):
+    """A task does not see what the driver wrote to the staging location."""
+
+
+# tracebacks name it where users import it from
+StagingNotShared.__module__ = "nsq_spark"
+
+
+def default_staging_location() -> str:
+    """A directory of this machine: right for ``local[*]`` and for executors on this machine
+    only (a task elsewhere fails with :class:`StagingNotShared`)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "nsq-spark-staging")
+
+
+class Staging:
+    """One staging location (picklable: it opens its filesystem where it is used)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self._fs: Any = None
+        self._root = ""
+        self._local = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["location"])  # type: ignore[misc]
+
+    def _open(self) -> tuple[Any, str]:
+        if self._fs is None:
+            location = self.location
+            if "://" in location:
+                fs, root = pafs.FileSystem.from_uri(location)
+            else:
+                fs, root = pafs.LocalFileSystem(), os.path.abspath(location)
+            self._local = isinstance(fs, pafs.LocalFileSystem)
+            self._fs, self._root = fs, root.rstrip("/")
+        return self._fs, self._root
+
+    def _run_dir(self, run: str) -> str:
+        _, root = self._open()
+        return f"{root}/{run}"
+
+    def path(self, run: str, batch: int, index: int) -> str:
+        return f"{self._run_dir(run)}/{batch}/{index}.arrow"
+
+    # -- the driver -------------------------------------------------------------------------
+
+    def mark(self, run: str) -> None:
+        """Create the run's directory and its marker (idempotent)."""
+        fs, _ = self._open()
+        directory = self._run_dir(run)
+        fs.create_dir(directory, recursive=True)
+        marker = f"{directory}/{_MARKER}"
+        if fs.get_file_info(marker).type == pafs.FileType.NotFound:
+            with fs.open_output_stream(marker) as out:
+                out.write(b"nsq_spark staging\n")
+
+    def delete_through(self, run: str, batch: int) -> int:
+        """Delete the staged rows of the run's batches up to ``batch``; how many batches."""
+        fs, _ = self._open()
+        directory = self._run_dir(run)
+        selector = pafs.FileSelector(directory, allow_not_found=True, recursive=False)
+        deleted = 0
+        for info in fs.get_file_info(selector):
+            named = info.type == pafs.FileType.Directory and info.base_name.isdigit()
+            if named and int(info.base_name) <= batch:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_dir(info.path)
+                deleted += 1
+        return deleted
+
+    # -- the tasks --------------------------------------------------------------------------
+
+    def check_shared(self, run: str) -> None:
+        fs, _ = self._open()
+        marker = f"{self._run_dir(run)}/{_MARKER}"
+        if fs.get_file_info(marker).type == pafs.FileType.NotFound:
+            raise StagingNotShared(
+                f"the nsq source's staging location {self.location!r} is not shared with the "
+                f"driver ({marker} is missing here): on a cluster, set the option "
+                "staging_location to a location the driver and every executor reach (HDFS, "
+                "S3, a shared mount)"
+            )
+
+    def read(self, run: str, batch: int, index: int) -> pa.Table | None:
+        """The rows staged for this task, or None if none were."""
+        fs, _ = self._open()
+        try:
+            source = fs.open_input_file(self.path(run, batch, index))
+        except FileNotFoundError:
+            return None
+        with source:
+            return pa.ipc.open_file(source).read_all()
+
+    def publish(self, run: str, batch: int, index: int, table: pa.Table) -> bool:
+        """Stage ``table`` unless another attempt did first; True if this one won."""
+        fs, _ = self._open()
+        final = self.path(run, batch, index)
+        directory = final.rsplit("/", 1)[0]
+        fs.create_dir(directory, recursive=True)
+        temporary = f"{directory}/.{index}.{uuid.uuid4().hex}.tmp"
+        with fs.open_output_stream(temporary) as out:
+            with pa.ipc.new_file(out, table.schema) as writer:
+                writer.write_table(table)
+        try:
+            return self._move_if_absent(fs, temporary, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                fs.delete_file(temporary)
+
+    def _move_if_absent(self, fs: Any, temporary: str, final: str) -> bool:
+        if self._local:
+            try:
+                os.link(temporary, final)
+            except FileExistsError:
+                return False
+            except OSError as exc:  # a filesystem without hard links
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV):
+                    raise
+            else:
+                return True
+        if fs.get_file_info(final).type != pafs.FileType.NotFound:
+            return False
+        try:
+            fs.move(temporary, final)  # HDFS refuses an existing name
+        except OSError:
+            if fs.get_file_info(final).type != pafs.FileType.NotFound:
+                return False
+            raise
+        return True

@@ -1,0 +1,219 @@
+"""The executor-side source without a JVM: its options, how a batch is planned, the staging
+location, and the reader called the way Spark calls it (the driver's calls and the tasks'
+``read``) against the emulator."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]  # no type information (as in nsq_spark)
+import pytest
+
+from nsq_spark import SCHEMA, NSQDataSource, NSQExecutorStreamReader, OptionError
+from nsq_spark._executor_source import NSQStagedPartition, plan_batch
+from nsq_spark._options import parse_source_options
+from nsq_spark._staging import Staging, StagingNotShared
+
+from .helpers import Emulator
+
+# -- options ---------------------------------------------------------------------------------
+
+
+def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
+    base = {"topic": "t", "channel": "c"}
+    o = parse_source_options(
+        {**base, "nsqd_tcp_addresses": "a:1,b:1", "nsqdHttpAddresses": "a:2,b:2"}
+    )
+    assert (o.read_mode, o.nsqd_http_addresses) == ("executors", ("a:2", "b:2"))
+    assert (o.max_bytes_per_trigger, o.max_messages_per_partition) == (64 * 1024 * 1024, 2500)
+    assert parse_source_options({**base, "lookupd_http_addresses": "l:1"}).read_mode == "executors"
+    reader = NSQDataSource({**base, "lookupd_http_addresses": "l:1"}).streamReader(SCHEMA)
+    assert isinstance(reader, NSQExecutorStreamReader)
+    for options, message in [
+        ({"nsqd_tcp_addresses": "a:1"}, "needs nsqd_http_addresses"),
+        ({"nsqd_tcp_addresses": "a:1,b:1", "nsqd_http_addresses": "a:2"}, "one for each"),
+        ({"lookupd_http_addresses": "l:1", "channel": "c#ephemeral"}, "read_mode 'driver'"),
+        ({"lookupd_http_addresses": "l:1", "ordered": "true"}, "'ordered' needs read_mode"),
+        ({"lookupd_http_addresses": "l:1", "read_mode": "nowhere"}, "executors or driver"),
+        ({"lookupd_http_addresses": "l:1", "max_bytes_per_trigger": "0"}, "at least 1"),
+    ]:
+        with pytest.raises(OptionError, match=message):
+            parse_source_options({**base, **options})
+
+
+# -- planning --------------------------------------------------------------------------------
+
+
+def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
+    def plan(depths: dict[str, int], **limits: int) -> list[tuple[str, int, int]]:
+        defaults = {"max_messages": 100, "max_bytes": 1000, "per_partition": 2500}
+        parts = plan_batch(depths, **{**defaults, **limits})
+        return [(p.address, p.messages, p.bytes) for p in parts]
+
+    assert plan({}) == [] and plan({"a": 0, "b": 0}) == []
+    assert plan({"a": 10}) == [("a", 10, 1000)]
+    # what one nsqd does not need goes to the other
+    assert plan({"a": 10, "b": 500}) == [("a", 10, 100), ("b", 90, 900)]
+    assert plan({"a": 500, "b": 500}) == [("a", 50, 500), ("b", 50, 500)]
+    # a task holds at most per_partition messages (nsqd's --max-rdy-count)
+    assert plan({"a": 500}, per_partition=40) == [("a", 34, 340), ("a", 33, 330), ("a", 33, 330)]
+    # at least min_partitions tasks, if there are messages enough
+    assert plan({"a": 3}, min_partitions=4) == [("a", 1, 333), ("a", 1, 333), ("a", 1, 333)]
+    # every nsqd with messages gets at least one, even over a tiny limit
+    assert sum(p[1] for p in plan({"a": 5, "b": 5, "c": 5}, max_messages=2)) == 2
+    # the bytes of a batch never add up to more than its limit
+    parts = plan({"a": 7, "b": 9, "c": 1000}, max_messages=1000, max_bytes=12345)
+    assert sum(p[2] for p in parts) <= 12345 and sum(p[1] for p in parts) == 1000
+
+
+# -- staging ---------------------------------------------------------------------------------
+
+
+def test_staging_first_writer_wins_and_commit_deletes(tmp_path: Path) -> None:
+    staging = Staging(str(tmp_path / "stage"))
+    copy = pickle.loads(pickle.dumps(staging))
+    with pytest.raises(StagingNotShared, match="staging_location"):
+        copy.check_shared("run1")
+    staging.mark("run1")
+    copy.check_shared("run1")
+    first = pa.table({"body": [b"a", b"b"]})
+    second = pa.table({"body": [b"other"]})
+    assert staging.read("run1", 1, 0) is None
+    assert copy.publish("run1", 1, 0, first) is True
+    assert staging.publish("run1", 1, 0, second) is False  # lost: the first rows stay
+    assert staging.read("run1", 1, 0) == first
+    assert copy.publish("run1", 2, 0, pa.table({"body": pa.array([], pa.binary())})) is True
+    empty = staging.read("run1", 2, 0)
+    assert empty is not None and empty.num_rows == 0  # staged empty: replays as empty
+    assert sorted(p.name for p in (tmp_path / "stage" / "run1" / "1").iterdir()) == ["0.arrow"]
+    assert staging.delete_through("run1", 1) == 1
+    assert staging.read("run1", 1, 0) is None and staging.read("run1", 2, 0) is not None
+
+
+# -- the reader against the emulator ---------------------------------------------------------
+
+
+def reader(emulator: Emulator, topic: str, tmp_path: Path, **options: object) -> Any:
+    values = {
+        "topic": topic,
+        "channel": "c",
+        "nsqd_tcp_addresses": emulator.address,
+        "nsqd_http_addresses": emulator.http_address,
+        "staging_location": str(tmp_path / "stage"),
+        "task_idle_timeout": "0.3",
+        **{k: str(v) for k, v in options.items()},
+    }
+    source = NSQDataSource(values)
+    made = source.streamReader(SCHEMA)
+    assert isinstance(made, NSQExecutorStreamReader)
+    return pickle.loads(pickle.dumps(made))  # as Spark ships it
+
+
+def rows(r: Any, part: Any) -> list[dict[str, Any]]:
+    # each task runs in a worker process of its own: a copy of the reader
+    task = pickle.loads(pickle.dumps(r))
+    return [row for batch in task.read(part) for row in batch.to_pylist()]
+
+
+def plan_next(r: Any, start: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    return end, list(r.partitions(start, end))
+
+
+def test_tasks_consume_stage_and_replay(emulator: Emulator, tmp_path: Path) -> None:
+    topic, n = "exec-replay", 90
+    emulator.publish(topic, [f"m{i:03d}".encode() for i in range(n)])
+    r = reader(emulator, topic, tmp_path, max_messages_per_trigger=40, num_partitions=2)
+    start = r.initialOffset()
+    seen: list[bytes] = []
+    while True:
+        end, parts = plan_next(r, start)
+        if end == start:
+            break
+        assert len(parts) == 2 and all(isinstance(p, NSQStagedPartition) for p in parts)
+        assert sum(p.part.messages for p in parts) <= 40
+        first = [rows(r, p) for p in parts]
+        # the batch run again (a task or the driver failed): the same rows, nothing consumed
+        again = [rows(r, p) for p in reader(emulator, topic, tmp_path).partitions(start, end)]
+        assert again == first
+        seen.extend(row["body"] for part in first for row in part)
+        r.commit(end)
+        start = end
+    assert sorted(seen) == [f"m{i:03d}".encode() for i in range(n)]
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count, stats.message_count) == (0, 0, n)
+    assert (stats.requeue_count, stats.timeout_count) == (0, 0)
+    # committed batches leave nothing staged behind
+    run = start["run"]
+    assert [p.name for p in (tmp_path / "stage" / run).iterdir()] == ["_source"]
+
+
+def test_an_idle_topic_makes_no_batch(emulator: Emulator, tmp_path: Path) -> None:
+    r = reader(emulator, "exec-idle", tmp_path)
+    start = r.initialOffset()
+    assert r.latestOffset(start, r.getDefaultReadLimit()) == start
+    assert list(r.partitions(start, start)) == []
+
+
+def test_bytes_bound_a_task_and_what_is_beyond_its_share_is_requeued(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    topic, size = "exec-bytes", 10_000
+    emulator.publish(topic, [bytes([i]) * size for i in range(20)])
+    r = reader(emulator, topic, tmp_path, max_bytes_per_trigger=5 * size + 1)
+    start = r.initialOffset()
+    _end, parts = plan_next(r, start)
+    assert [(p.part.messages, p.part.bytes) for p in parts] == [(20, 5 * size + 1)]
+    got = rows(r, parts[0])
+    assert len(got) == 5 and sum(len(row["body"]) for row in got) == 5 * size
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count) == (15, 0)  # the rest went back at once
+
+
+def test_an_attempt_that_loses_the_race_requeues_and_returns_the_winners_rows(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    topic = "exec-race"
+    emulator.publish(topic, [b"a", b"b", b"c"])
+    r = reader(emulator, topic, tmp_path)
+    start = r.initialOffset()
+    _end, (part,) = plan_next(r, start)
+    winner = _arrow_schema().empty_table()
+    # another attempt of the same task staged first, while this one consumed
+    original = Staging.publish
+
+    def lose(self: Staging, run: str, batch: int, index: int, table: Any) -> bool:
+        assert original(self, run, batch, index, winner)
+        return original(self, run, batch, index, table)
+
+    Staging.publish = lose  # type: ignore[method-assign]
+    try:
+        got = rows(r, part)
+    finally:
+        Staging.publish = original  # type: ignore[method-assign]
+    assert got == []
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count, stats.requeue_count) == (3, 0, 3)
+
+
+def _arrow_schema() -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(SCHEMA, timezone="UTC")
+
+
+def test_a_staging_location_the_executor_does_not_share_fails_the_task(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    topic = "exec-not-shared"
+    emulator.publish(topic, [b"a"])
+    r = reader(emulator, topic, tmp_path)
+    start = r.initialOffset()
+    _end, (part,) = plan_next(r, start)
+    elsewhere = pickle.loads(pickle.dumps(r))
+    elsewhere.staging = Staging(str(tmp_path / "another-machine"))
+    with pytest.raises(StagingNotShared):
+        list(elsewhere.read(part))
+    assert emulator.channel_stats(topic, "c").depth == 1  # nothing consumed
