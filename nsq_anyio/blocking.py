@@ -32,6 +32,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 import nsq_client
 from nsq_client import Message as AsyncMessage
 from nsq_proto import TraceReceipt
+from nsq_proto._config import parse_client_addresses
 
 from ._consumer import Consumer as AsyncConsumer
 from ._producer import Producer as AsyncProducer
@@ -39,6 +40,19 @@ from ._producer import Producer as AsyncProducer
 __all__ = ["Consumer", "Message", "Producer"]
 
 C = TypeVar("C", AsyncProducer, AsyncConsumer)
+
+
+def _check_addresses(options: nsq_client.ProducerArguments | nsq_client.ConsumerArguments) -> None:
+    """Check the addresses now, as the async client's constructor does (it is made later, in
+    the event-loop thread); the lists given are copied first, so that an iterator given is
+    read once."""
+    nsqd = options.get("nsqd_tcp_addresses", ())
+    if not isinstance(nsqd, str | bytes):
+        nsqd = options["nsqd_tcp_addresses"] = list(nsqd)
+    lookupd = options.get("lookupd_http_addresses", ())
+    if not isinstance(lookupd, str | bytes):
+        lookupd = options["lookupd_http_addresses"] = list(lookupd)
+    parse_client_addresses(nsqd, lookupd)
 
 
 class _Runner(Generic[C]):
@@ -114,6 +128,7 @@ class Producer(_Blocking[AsyncProducer]):
     def __init__(
         self, *, backend: str = "asyncio", **options: Unpack[nsq_client.ProducerArguments]
     ) -> None:
+        _check_addresses(options)
         self._runner = _Runner(backend, lambda: AsyncProducer(**options), "producer")
 
     def publish(
@@ -237,6 +252,7 @@ class Consumer(_Blocking[AsyncConsumer]):
         backend: str = "asyncio",
         **options: Unpack[nsq_client.ConsumerArguments],
     ) -> None:
+        _check_addresses(options)
         self._runner = _Runner(
             backend, lambda: AsyncConsumer(topic, channel, **options), "consumer"
         )

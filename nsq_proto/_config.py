@@ -9,7 +9,7 @@ and ``_producer``."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -27,6 +27,9 @@ __all__ = [
     "ProducerConfig",
     "DEFAULT_USER_AGENT",
     "check_seconds",
+    "parse_address",
+    "parse_addresses",
+    "parse_client_addresses",
 ]
 
 #: the user agent of every connection and lookupd request unless ``user_agent`` says otherwise
@@ -42,6 +45,74 @@ def check_seconds(config: object, names: tuple[str, ...], *, positive: bool) -> 
         if not ok:
             kind = "positive" if positive else "non-negative"
             raise ConfigError(f"{name} must be a {kind} number of seconds, not {value!r}")
+
+
+def parse_address(address: str | tuple[str, int], *, http: bool = False) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) or a ``(host, port)`` pair, validated.
+
+    ``http``: the address of an HTTP API (nsqlookupd's), which may also be written
+    ``"http://host:port"``.  An nsqd TCP address takes no scheme."""
+    if isinstance(address, tuple) and len(address) == 2:
+        host, port = address
+        if not isinstance(host, str) or "/" in host:
+            raise ConfigError(f"address {address!r} is not a (host, port) pair")
+    elif isinstance(address, str):
+        text = address
+        if http and text.lower().startswith("http://"):
+            text = text[len("http://") :].removesuffix("/")
+        if "/" in text:
+            if http:
+                raise ConfigError(
+                    f"address {address!r} is not host:port or http://host:port "
+                    "(no other scheme, no path)"
+                )
+            raise ConfigError(f"address {address!r} is not host:port (no scheme, no path)")
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not port_text.isdigit():
+            raise ConfigError(f"address {address!r} is not host:port (it needs a port number)")
+        port = int(port_text)
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+    else:
+        raise ConfigError(f'address {address!r} is not a "host:port" string')
+    if not host:
+        raise ConfigError(f"address {address!r} is not host:port (it needs a host)")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ConfigError(f"address {address!r} is not host:port (the port must be 1..65535)")
+    return host, port
+
+
+def parse_addresses(
+    name: str, addresses: Iterable[str | tuple[str, int]], *, http: bool = False
+) -> list[tuple[str, int]]:
+    """Every address of the option ``name`` (a list), validated by :func:`parse_address`; the
+    :class:`ConfigError` names the option and the bad value."""
+    if isinstance(addresses, str | bytes):
+        raise ConfigError(
+            f'{name} must be a list of "host:port" strings, not the string {addresses!r} '
+            f"(write [{addresses!r}])"
+        )
+    try:
+        return [parse_address(a, http=http) for a in addresses]
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    except TypeError:
+        raise ConfigError(
+            f'{name} must be a list of "host:port" strings, not {addresses!r}'
+        ) from None
+
+
+def parse_client_addresses(
+    nsqd_tcp_addresses: Iterable[str | tuple[str, int]],
+    lookupd_http_addresses: Iterable[str | tuple[str, int]],
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The addresses of a consumer or a producer, validated (each by :func:`parse_addresses`,
+    a lookupd's may be ``http://host:port``); one of the lists must not be empty."""
+    nsqd = parse_addresses("nsqd_tcp_addresses", nsqd_tcp_addresses)
+    lookupd = parse_addresses("lookupd_http_addresses", lookupd_http_addresses, http=True)
+    if not nsqd and not lookupd:
+        raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
+    return nsqd, lookupd
 
 
 def _ms(seconds: float) -> int:

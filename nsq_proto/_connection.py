@@ -52,7 +52,7 @@ from ._features import (
     parse_identify_response,
     parse_trace_receipt,
 )
-from ._frames import CLOSE_WAIT, HEARTBEAT, OK, FrameDecoder
+from ._frames import CLOSE_WAIT, HEARTBEAT, HTTP_ANSWER, OK, FrameDecoder
 from ._message import (
     MESSAGE_HEADER_SIZE,
     STANDARD_LAYOUT,
@@ -119,9 +119,17 @@ def _ms(seconds: float) -> int:
 class Connection:
     """The client side of one nsqd TCP connection."""
 
-    def __init__(self, config: ConnectionConfig | None = None, conn_id: ConnId = 0) -> None:
+    def __init__(
+        self,
+        config: ConnectionConfig | None = None,
+        conn_id: ConnId = 0,
+        *,
+        address: tuple[str, int] | None = None,
+    ) -> None:
         self.config = config if config is not None else ConnectionConfig()
         self.conn_id = conn_id
+        #: the nsqd it connects to, named in errors (None: unknown)
+        self.address = address
         self.state = _S.INIT
         self.features: NegotiatedFeatures | None = None
         self.auth: AuthResult | None = None
@@ -246,8 +254,11 @@ class Connection:
                 data = self._codec.decompress(data)
             self._process(data)
         except RemoteProtocolError as exc:
-            self._fail(exc, f"protocol error: {exc}")
-            raise
+            error = self._named(exc)
+            self._fail(error, f"protocol error: {error}")
+            if error is exc:
+                raise
+            raise error from None
         except NSQError:
             raise
         except Exception as exc:
@@ -255,6 +266,16 @@ class Connection:
             error = RemoteProtocolError(f"{UNREADABLE}: {type(exc).__name__}: {exc}")
             self._fail(error, f"protocol error: {error}")
             raise error from exc
+
+    def _named(self, error: RemoteProtocolError) -> RemoteProtocolError:
+        """``error``, or for a peer that answered with HTTP, the same naming this nsqd."""
+        if str(error) != HTTP_ANSWER:
+            return error
+        address = self.address
+        who = "nsqd" if address is None else f"{address[0]}:{address[1]}"
+        named = RemoteProtocolError(f"{who} {HTTP_ANSWER}")
+        named.permanent = True
+        return named
 
     # ------------------------------------------------------------------ frame handling
 

@@ -10,8 +10,9 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from ._config import parse_address, parse_client_addresses
 from ._connection import Connection
-from ._errors import ConfigError, LookupdError, NSQError
+from ._errors import LookupdError, NSQError
 from ._events import ConnId, LookupFailed
 from ._lookupd import (
     HttpResponseParser,
@@ -133,22 +134,6 @@ class ClientCore(Protocol):
         ...
 
 
-def parse_address(address: str | tuple[str, int]) -> tuple[str, int]:
-    """``"host:port"`` (or ``"[v6]:port"``) or a ``(host, port)`` pair, validated."""
-    if isinstance(address, tuple):
-        host, port = address
-    else:
-        host, sep, port_text = address.rpartition(":")
-        if not sep or not port_text.isdigit():
-            raise ConfigError(f"address {address!r} is not host:port")
-        port = int(port_text)
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-    if not host or not isinstance(port, int) or not 0 < port < 65536:
-        raise ConfigError(f"address {address!r} is not host:port")
-    return host, port
-
-
 @dataclass(slots=True)
 class _HttpCall:
     address: tuple[str, int]
@@ -187,14 +172,14 @@ class MultiConnectionCore(ABC, Generic[R]):
         reconnect_jitter: float,
         rng: random.Random | None,
     ) -> None:
-        """Raises :class:`ConfigError` for an address that is not ``host:port``, or when
-        neither nsqd nor lookupd addresses are given."""
+        """Raises :class:`ConfigError` naming the bad value for an address that is not
+        ``host:port`` (a lookupd address may also be ``http://host:port``) or a string given
+        for a list, and when neither nsqd nor lookupd addresses are given."""
         #: the fixed nsqd list (the producer adds the nsqd lookupd names)
-        self._nsqd = [parse_address(a) for a in nsqd_tcp_addresses]
-        #: every lookupd asked: the configured ones, then those learned from /listlookup
-        self._lookupd = [parse_address(a) for a in lookupd_http_addresses]
-        if not self._nsqd and not self._lookupd:
-            raise ConfigError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        #: and every lookupd asked: the configured ones, then those learned from /listlookup
+        self._nsqd, self._lookupd = parse_client_addresses(
+            nsqd_tcp_addresses, lookupd_http_addresses
+        )
         self._seed_lookupd = list(self._lookupd)
         self._rng = rng if rng is not None else random.Random()
         self._outputs: deque[Output] = deque()

@@ -16,6 +16,7 @@ __all__ = [
     "HEARTBEAT",
     "OK",
     "CLOSE_WAIT",
+    "HTTP_ANSWER",
 ]
 
 HEARTBEAT: Final = b"_heartbeat_"
@@ -25,6 +26,11 @@ CLOSE_WAIT: Final = b"CLOSE_WAIT"
 #: Largest ``size`` field accepted by default: nsqd's default --max-body-size (5 MiB)
 #: plus room for the message header, rounded up.  Configurable per connection.
 DEFAULT_MAX_FRAME_SIZE: Final = 8 * 1024 * 1024
+
+#: what the decoder raises when the peer answered with HTTP (an HTTP port, not nsqd's TCP port)
+HTTP_ANSWER: Final = "answered with HTTP: is this nsqd's HTTP port rather than its TCP port?"
+#: the size field b"HTTP" makes (an HTTP/1.x status line read as a frame header)
+_HTTP_SIZE: Final = int.from_bytes(b"HTTP", "big")
 
 _HEADER: Final = struct.Struct(">ii")
 _SIZE: Final = struct.Struct(">i")
@@ -162,6 +168,10 @@ class FrameDecoder:
             raise
 
     def _bad_size(self, size: int) -> None:
+        if size == _HTTP_SIZE:
+            error = RemoteProtocolError(HTTP_ANSWER)
+            error.permanent = True  # the same port answers the same way next time
+            raise error
         if 4 <= size <= self._max_size:
             return
         if size > self._max_size:

@@ -95,6 +95,8 @@ class _PConn:
     slot: int
     #: connection-level request id -> our request
     outstanding: dict[int, _Request] = field(default_factory=dict)
+    #: the TCP connection came up (a loss before it is a failed connection attempt)
+    connected: bool = False
 
 
 @dataclass(slots=True)
@@ -148,6 +150,9 @@ class Producer(MultiConnectionCore[_PConn]):
         #: (address, slot) -> the permanent failure of its last connection (TLS refused,
         #: AUTH failed, ...); cleared once a connection there is ready again
         self._permanent: dict[tuple[tuple[str, int], int], NSQError] = {}
+        #: (address, slot) -> why its last connection attempt failed (refused, no route, dial
+        #: timeout); cleared once a connection there is up again
+        self._unreachable: dict[tuple[tuple[str, int], int], NSQError] = {}
 
     # ------------------------------------------------------------------ outputs and time
 
@@ -210,13 +215,21 @@ class Producer(MultiConnectionCore[_PConn]):
             return
         conn_id = self._next_conn_id
         self._next_conn_id += 1
-        rec = _PConn(conn_id, Connection(self._conn_config, conn_id), address, slot)
+        conn = Connection(self._conn_config, conn_id, address=address)
+        rec = _PConn(conn_id, conn, address, slot)
         self._conns[conn_id] = rec
         self._slots[(address, slot)] = conn_id
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
 
     def _after_input(self) -> None:
         self._dispatch()
+
+    def connection_made(self, conn_id: ConnId, now: float) -> None:
+        rec = self._conns.get(conn_id)
+        if rec is not None:
+            rec.connected = True
+            self._unreachable.pop((rec.address, rec.slot), None)
+        super().connection_made(conn_id, now)
 
     def _pump(self, rec: _PConn, now: float) -> None:
         conn = rec.conn
@@ -241,6 +254,8 @@ class Producer(MultiConnectionCore[_PConn]):
                 out.append(item)
                 if item.error is not None:
                     self._last_error = item.error
+                    if not rec.connected:
+                        self._unreachable[(rec.address, rec.slot)] = item.error
                 permanent = permanent_cause(item.error)
                 if permanent is not None:
                     self._permanent[(rec.address, rec.slot)] = permanent
@@ -276,15 +291,41 @@ class Producer(MultiConnectionCore[_PConn]):
         return features is not None and features.partitioned
 
     def _broken(self) -> NSQError | None:
-        """A permanent failure, when every place a request could go has one."""
+        """A permanent failure, when every place a request could go has one; or, when every
+        one of them failed its last connection attempt and none is being tried again, the
+        refusals (a publish then fails with them, not at ``publish_timeout``)."""
         permanent = self._permanent
-        if not permanent:
+        unreachable = self._unreachable
+        if not permanent and not unreachable:
             return None
-        keys = {(a, slot) for a in self._nsqd for slot in range(self.config.pool_size)}
+        slots = range(self.config.pool_size)
+        keys = {(a, slot) for a in self._nsqd for slot in slots}
+        for route in self._routes.values():
+            keys.update((a, slot) for a in route.partitions.values() for slot in slots)
         keys.update(self._slots)
-        if not keys or not keys <= permanent.keys():
+        if not keys:
             return None
-        return next(reversed(permanent.values()))
+        if keys <= permanent.keys():
+            return next(reversed(permanent.values()))
+        causes: dict[tuple[str, int], str] = {}
+        for key in sorted(keys):
+            error = permanent.get(key)
+            if error is None:
+                error = unreachable.get(key)
+                if error is None or key in self._slots:
+                    return None  # connected, or an attempt is under way
+                cause = error.__cause__ if error.__cause__ is not None else error
+            else:
+                cause = error
+            address = key[0]
+            name = f"{address[0]}:{address[1]}"
+            text = str(cause)
+            causes[address] = text if name in text else f"{name}: {text}"
+        failure = ConnectionClosedError(
+            f"could not connect to any nsqd: {'; '.join(causes.values())}"
+        )
+        failure.__cause__ = next(reversed(unreachable.values()))
+        return failure
 
     def _failed_on_connection(self, req: _Request, error: NSQError) -> None:
         self._release(req)
@@ -546,7 +587,7 @@ class Producer(MultiConnectionCore[_PConn]):
 
     def _dispatch(self) -> None:
         queue = self._queue
-        if queue and self._permanent:
+        if queue and (self._permanent or self._unreachable):
             broken = self._broken()
             if broken is not None:
                 # no retry will get through: fail now, with the cause, not at the deadline

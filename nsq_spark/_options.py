@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsq_proto import ConfigError, StartFrom
+from nsq_proto._config import parse_addresses
 from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
@@ -107,14 +108,11 @@ class _Reader:
         if value is None:
             return ()
         out = tuple(a.strip() for a in value.split(",") if a.strip())
-        for address in out:
-            if "/" in address:
-                raise OptionError(
-                    f"option {name!r}: {address!r} is not host:port (no scheme, no path)"
-                )
-            host, sep, port = address.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise OptionError(f"option {name!r}: {address!r} is not host:port")
+        try:
+            # the clients' own check: host:port; lookupd's may also be http://host:port
+            parse_addresses(name, out, http=name == "lookupd_http_addresses")
+        except ConfigError as exc:
+            raise OptionError(f"option {name!r}{str(exc).removeprefix(name)}") from None
         return out
 
     def topic(self, name: str = "topic", *, required: bool = True) -> str | None:

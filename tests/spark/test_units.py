@@ -140,7 +140,7 @@ def test_start_from_applies_to_a_new_query_only() -> None:
         ),
         (
             {"topic": "t", "channel": "c", "lookupd_http_addresses": "127.0.0.1:4161/lookup"},
-            "no scheme",
+            "no path",
         ),
         ({"topic": "t", "channel": "c", "nsqd_tcp_addresses": "a:70000"}, "host:port"),
     ],
