@@ -31,6 +31,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 import nsq_client
 from nsq_client import Message as AsyncMessage
+from nsq_client._options import chose_max_in_flight
 from nsq_proto import TraceReceipt
 from nsq_proto._config import parse_client_addresses
 
@@ -256,6 +257,8 @@ class Consumer(_Blocking[AsyncConsumer]):
         self._runner = _Runner(
             backend, lambda: AsyncConsumer(topic, channel, **options), "consumer"
         )
+        #: run(handler, threads=N) raises max_in_flight to N unless the user chose it
+        self._max_in_flight_chosen = chose_max_in_flight(options.get("config"), options)
 
     def __iter__(self) -> Iterator[Message]:
         consumer = self._client()
@@ -272,9 +275,14 @@ class Consumer(_Blocking[AsyncConsumer]):
 
     def run(self, handler: Callable[[Message], object], threads: int = 4) -> None:
         """Handler style in ``threads`` threads: returning FINishes, raising REQueues with
-        backoff.  Returns when the consumer stops (Ctrl-C stops it gracefully)."""
+        backoff.  Returns when the consumer stops (Ctrl-C stops it gracefully).
+
+        Unless max_in_flight was set (as an option or by :meth:`set_max_in_flight`), it is
+        raised to ``threads``, so that nsqd sends enough messages for every thread."""
         if threads < 1:
             raise ValueError("threads must be at least 1")
+        if not self._max_in_flight_chosen and self.stats()["max_in_flight"] < threads:
+            self._set_max_in_flight(threads)
         errors: list[BaseException] = []
 
         def work() -> None:
@@ -323,6 +331,11 @@ class Consumer(_Blocking[AsyncConsumer]):
         return result
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change max_in_flight (0 pauses the consumer); :meth:`run` then keeps it."""
+        self._set_max_in_flight(max_in_flight)
+        self._max_in_flight_chosen = True
+
+    def _set_max_in_flight(self, max_in_flight: int) -> None:
         consumer = self._client()
 
         async def change() -> None:

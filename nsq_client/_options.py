@@ -132,6 +132,13 @@ def tls_context(backend: Backend, tls: object) -> tuple[bool, Any]:
     raise ConfigError("tls must be an ssl.SSLContext, True or None")
 
 
+def chose_max_in_flight(config: ConsumerConfig | None, options: Mapping[str, Any]) -> bool:
+    """Whether the user chose max_in_flight (as an option, or in a ``config=`` where it is not
+    the default): if not, ``run(handler, concurrency=N)`` raises it to N."""
+    default = ConsumerConfig.__dataclass_fields__["max_in_flight"].default
+    return "max_in_flight" in options or (config is not None and config.max_in_flight != default)
+
+
 def build_config(
     kind: type[C],
     backend: Backend,

@@ -5,6 +5,7 @@ is."""
 from __future__ import annotations
 
 import socket
+import threading
 from types import ModuleType
 
 import anyio
@@ -13,6 +14,10 @@ import pytest
 from nsq_anyio import blocking
 from nsq_anyio._server import serve_emulator
 from nsq_proto import ConfigError, ConnectionClosedError, RemoteProtocolError
+
+from .test_cli import server
+
+__all__ = ["server"]
 
 TIMEOUT = 20
 
@@ -127,3 +132,32 @@ def test_the_blocking_producer_reports_a_refusal() -> None:
     with blocking.Producer(nsqd_tcp_addresses=[address], publish_timeout=120.0) as producer:
         with pytest.raises(ConnectionClosedError, match=r"^could not connect to any nsqd: "):
             producer.publish("t", b"x")
+
+
+def test_the_blocking_run_raises_max_in_flight_to_its_threads(server: dict[str, str]) -> None:
+    n = 4
+    nsqd = server["nsqd TCP"]
+    with blocking.Producer(nsqd_tcp_addresses=[nsqd]) as producer:
+        producer.publish_many("threads", [b"%d" % i for i in range(2 * n)])
+    lock = threading.Lock()
+    running = peak = done = 0
+    all_running = threading.Event()
+    with blocking.Consumer("threads", "c", nsqd_tcp_addresses=[nsqd]) as consumer:
+
+        def handler(message: blocking.Message) -> None:
+            nonlocal running, peak, done
+            with lock:
+                running += 1
+                peak = max(peak, running)
+                if running == n:
+                    all_running.set()
+            all_running.wait(2)
+            with lock:
+                running -= 1
+                done += 1
+                if done == 2 * n:
+                    threading.Thread(target=consumer.stop).start()
+
+        consumer.run(handler, threads=n)
+        assert consumer.stats()["max_in_flight"] == n
+    assert peak == n
