@@ -63,3 +63,12 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[Any]:
+    """A standalone cluster (a master, two workers of one core and 1 GB) on loopback."""
+    from ._cluster import standalone_cluster
+
+    with standalone_cluster() as cluster:
+        yield cluster

@@ -1,7 +1,9 @@
 """A Spark driver as a user runs one: ``python -m tests.spark.driver OUT CHECKPOINT k=v...``
 streams ``format("nsq")`` (the ``k=v`` options) into parquet files at OUT until it is killed,
 or until a line ``stop`` on its standard input stops the query (``query.stop()``) and Spark.
-The driver tests run it in a process of its own to kill it."""
+The driver tests run it in a process of its own to kill it.  ``NSQ_SPARK_MASTER`` is the
+master (default ``local[2]``); ``NSQ_SPARK_SELECT`` the SQL expressions written, separated by ``;``
+(default: every column)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def main(argv: list[str]) -> None:
     from nsq_spark import NSQDataSource
 
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(os.environ.get("NSQ_SPARK_MASTER", "local[2]"))
         .appName("nsq_spark driver")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
@@ -36,9 +38,12 @@ def main(argv: list[str]) -> None:
     for pair in pairs:
         name, _, value = pair.partition("=")
         reader = reader.option(name, value)
+    df = reader.load()
+    select = os.environ.get("NSQ_SPARK_SELECT")
+    if select:
+        df = df.selectExpr(*select.split(";"))
     query = (
-        reader.load()
-        .writeStream.format("parquet")
+        df.writeStream.format("parquet")
         .option("path", out)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="100 milliseconds")

@@ -1,0 +1,356 @@
+"""``format("nsq")`` on a standalone Spark cluster (a master and two workers on loopback)
+against two real nsqd: the executors consume, the driver connects to no nsqd, each message is
+written exactly once (an executor killed mid-stream included), and large bodies are bounded
+by bytes with the default options.  Run when ``NSQD`` points at nsqd (or it is on PATH).
+
+The driver is ``tests/spark/driver.py`` in a process of its own (the test process has its own
+local Spark); the tests read what it wrote through Spark's file-sink log."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._cluster import ROOT, Cluster, spark_env
+from .helpers import wait_for
+from .test_driver_restarts import NSQD, RealNSQD, _alive, _descendants
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.real_nsqd,
+    pytest.mark.skipif(not NSQD, reason="no real nsqd: set NSQD to the binary to run these"),
+]
+
+CHANNEL = "spark"
+
+
+@pytest.fixture(scope="module")
+def two_nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealNSQD]]:
+    from tests.faults._servers import free_port
+
+    assert NSQD
+    nodes = []
+    try:
+        for i in range(2):
+            tcp, http = free_port(), free_port()
+            data = tmp_path_factory.mktemp(f"nsqd{i}")
+            argv = [
+                NSQD,
+                f"--tcp-address=127.0.0.1:{tcp}",
+                f"--http-address=127.0.0.1:{http}",
+                "--https-address=",
+                "--broadcast-address=127.0.0.1",
+                f"--data-path={data}",
+            ]
+            node = RealNSQD(argv, f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
+            node.start()
+            nodes.append(node)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def publish(node: RealNSQD, topic: str, bodies: list[bytes], max_bytes: int = 4 << 20) -> None:
+    """MPUB over HTTP in requests of at most ``max_bytes``."""
+    at = 0
+    while at < len(bodies):
+        chunk: list[bytes] = []
+        size = 0
+        while at < len(bodies) and (not chunk or size + len(bodies[at]) < max_bytes):
+            chunk.append(bodies[at])
+            size += len(bodies[at]) + 1
+            at += 1
+        request = urllib.request.Request(
+            f"http://{node.http}/mpub?topic={topic}", data=b"\n".join(chunk), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+
+
+def stats(node: RealNSQD, topic: str) -> dict[str, Any] | None:
+    url = f"http://{node.http}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        data: dict[str, Any] = json.load(response)
+    for t in data["topics"]:
+        for c in t["channels"]:
+            if c["channel_name"] == CHANNEL:
+                return dict(c)
+    return None
+
+
+class Driver:
+    """The user's application, on the cluster."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        nodes: list[RealNSQD],
+        topic: str,
+        tmp: Path,
+        select: str,
+        **extra: object,
+    ) -> None:
+        self.out, self.checkpoint = tmp / "out", tmp / "cp"
+        options = {
+            "nsqd_tcp_addresses": ",".join(n.address for n in nodes),
+            "nsqd_http_addresses": ",".join(n.http for n in nodes),
+            "topic": topic,
+            "channel": CHANNEL,
+            "staging_location": str(tmp / "staging"),
+            **{k: str(v) for k, v in extra.items()},
+        }
+        env = spark_env()
+        env["NSQ_SPARK_MASTER"] = cluster.master
+        env["NSQ_SPARK_SELECT"] = select
+        self.log = (tmp / "driver.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.spark.driver",
+                str(self.out),
+                str(self.checkpoint),
+                *(f"{k}={v}" for k, v in options.items()),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        family = _descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(b"stop\n")
+            self.proc.stdin.flush()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        for pid in _alive(family):
+            os.kill(pid, signal.SIGKILL)
+        self.log.close()
+
+    def batches(self) -> list[list[dict[str, Any]]]:
+        """The rows of each committed batch of the file sink's log."""
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]  # no type information
+
+        log = self.out / "_spark_metadata"
+        if not log.exists():
+            return []
+        out = []
+        for entry in sorted(log.iterdir(), key=lambda p: (len(p.name), p.name)):
+            if entry.name.startswith(".") or not entry.name.isdigit():
+                continue
+            rows: list[dict[str, Any]] = []
+            for line in entry.read_text().splitlines()[1:]:
+                if line.strip():
+                    path = json.loads(line)["path"].removeprefix("file:")
+                    rows.extend(pq.read_table(path).to_pylist())
+            out.append(rows)
+        return out
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [row for batch in self.batches() for row in batch]
+
+
+def _socket_pids() -> dict[int, int]:
+    """socket inode -> the pid holding it (this user's processes)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    found[int(target[8:-1])] = int(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+def _client_pids(nodes: list[RealNSQD], topic: str) -> set[int]:
+    """The processes holding the TCP connections that nsqd lists as clients of the channel."""
+    ports = set()
+    for node in nodes:
+        url = f"http://{node.http}/stats?format=json&topic={topic}&channel={CHANNEL}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            data = json.load(response)
+        for t in data["topics"]:
+            for c in t["channels"]:
+                for client in c.get("clients") or []:
+                    ports.add(int(client["remote_address"].rpartition(":")[2]))
+    if not ports:
+        return set()
+    inodes = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].rpartition(":")[2], 16)
+        if local_port in ports:
+            inodes[int(fields[9])] = local_port
+    holders = _socket_pids()
+    return {holders[i] for i in inodes if i in holders}
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        chain.append(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+    return chain
+
+
+class ClientWatch:
+    """Samples, while the query runs, which processes hold nsqd's client connections, and
+    whose they are: ``executor`` (below an executor JVM of a worker), ``driver`` (below the
+    driver's process) or ``other``."""
+
+    def __init__(
+        self, nodes: list[RealNSQD], topic: str, cluster: Cluster, driver_pid: int
+    ) -> None:
+        self.owners: dict[int, str] = {}
+        self._cluster = cluster
+        self._driver = driver_pid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(nodes, topic), daemon=True)
+        self._thread.start()
+
+    def _owner(self, pid: int) -> str:
+        chain = _ancestors(pid)
+        if self._driver in chain:
+            return "driver"
+        if _executor_jvm_of(pid, self._cluster) is not None and set(chain) & set(
+            self._cluster.worker_pids
+        ):
+            return "executor"
+        return "other"
+
+    def _run(self, nodes: list[RealNSQD], topic: str) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                for pid in _client_pids(nodes, topic) - set(self.owners):
+                    self.owners[pid] = self._owner(pid)
+            except OSError:
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _executor_jvm_of(pid: int, cluster: Cluster) -> int | None:
+    """The executor JVM above ``pid`` (a Python worker), or ``pid`` itself."""
+    while pid > 1:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return None
+        if b"CoarseGrainedExecutorBackend" in cmdline:
+            return pid
+        if parent in cluster.worker_pids:
+            return None
+        pid = parent
+    return None
+
+
+def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
+    spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
+) -> None:
+    topic, per_node = f"cluster-{time.monotonic_ns()}", 3000
+    sent: list[bytes] = []
+    for i, node in enumerate(two_nsqd):
+        bodies = [f"n{i}-{j:05d}".encode() for j in range(per_node)]
+        publish(node, topic, bodies)
+        sent.extend(bodies)
+    # what a killed task held comes back after msg_timeout
+    driver = Driver(
+        spark_cluster,
+        two_nsqd,
+        topic,
+        tmp_path,
+        "body;id;attempts;nsqd",
+        msg_timeout=5,
+        max_messages_per_trigger=1000,
+    )
+    watch = ClientWatch(two_nsqd, topic, spark_cluster, driver.proc.pid)
+    killed: int | None = None
+    try:
+        # a few batches in, while a task holds messages: kill -9 the executor holding them
+        wait_for(lambda: len(driver.rows()) >= 500, timeout=120, interval=0.1)
+
+        def holding() -> int | None:
+            for pid in _client_pids(two_nsqd, topic):
+                jvm = _executor_jvm_of(pid, spark_cluster)
+                if jvm is not None:
+                    return jvm
+            return None
+
+        killed = wait_for(holding, timeout=60, interval=0.02)
+        assert killed is not None
+        victims = _descendants(killed)
+        for pid in _alive(victims):
+            os.kill(pid, signal.SIGKILL)
+        assert len(driver.rows()) < len(sent), "the executor should die mid-stream"
+        # what the dead task held comes back after msg_timeout
+        rows = wait_for(
+            lambda: (r := driver.rows()) and {x["body"] for x in r} == set(sent) and r,
+            timeout=150,
+            interval=0.5,
+        )
+    finally:
+        watch.stop()
+        driver.stop()
+    copies = collections.Counter(r["body"] for r in rows)
+    assert [b for b, c in copies.items() if c > 1] == []  # not one duplicate
+    assert sorted(copies) == sorted(sent)
+    assert {r["nsqd"] for r in rows} == {n.address for n in two_nsqd}
+    # the connections to nsqd were the executors' (their Python workers), never the driver's
+    assert watch.owners and set(watch.owners.values()) == {"executor"}, watch.owners
+    for node in two_nsqd:
+        final = stats(node, topic)
+        assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)
+
+
+def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
+    spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
+) -> None:
+    topic, per_node, size = f"cluster-large-{time.monotonic_ns()}", 200, 200_000
+    sent: list[bytes] = []
+    for i, node in enumerate(two_nsqd):
+        bodies = [f"n{i}-{j:05d}-".encode().ljust(size, b"x") for j in range(per_node)]
+        publish(node, topic, bodies)
+        sent.extend(b[:12] for b in bodies)
+    driver = Driver(spark_cluster, two_nsqd, topic, tmp_path, "substr(body, 1, 12) as head;id")
+    try:
+        wait_for(lambda: {r["head"] for r in driver.rows()} == set(sent), timeout=150, interval=0.5)
+        batches = [b for b in driver.batches() if b]
+    finally:
+        driver.stop()
+    heads = collections.Counter(r["head"] for b in batches for r in b)
+    assert sorted(heads) == sorted(sent) and set(heads.values()) == {1}
+    # 80 MB of bodies: batches of at most max_bytes_per_trigger (64 MiB) each
+    limit = (64 << 20) // size
+    assert len(batches) >= 2 and max(len(b) for b in batches) <= limit, [len(b) for b in batches]
