@@ -196,6 +196,9 @@ def bench_source(
     if args.columns != "all":
         reader = reader.schema(", ".join(f"{c} {_TYPES[c]}" for c in args.columns.split(",")))
     reader = reader.option("topic", topic).option("channel", "bench")
+    reader = reader.option("read_mode", args.read_mode)
+    if args.nsqd_http_address:
+        reader = reader.option("nsqd_http_addresses", args.nsqd_http_address)
     if args.num_partitions:
         reader = reader.option("num_partitions", str(args.num_partitions))
     if args.lookupd_http_address:
@@ -319,6 +322,15 @@ def main() -> None:
         "--nsqd-tcp-address, a comma-separated list: spread over them)",
     )
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--read-mode",
+        default="driver",
+        choices=["driver", "executors"],
+        help="the source's read_mode (executors needs --nsqd-http-address or lookupd)",
+    )
+    parser.add_argument(
+        "--nsqd-http-address", default=None, help="the HTTP address of --nsqd-tcp-address"
+    )
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--max-in-flight", type=int, default=0, help="default: the source's")
