@@ -62,8 +62,27 @@ class ClientBase:
         self._driver.wake()
         return self
 
+    async def _end_tasks(self) -> None:
+        """Cancel this client's tasks and wait for them to end (a task group waits for its
+        tasks even when its host is cancelled).  The transports stay open: a last exchange
+        can follow in new tasks."""
+        tg_cm, tg = self._tg_cm, self._tg
+        if tg_cm is None or tg is None:
+            return
+        self._tg_cm = None
+        tg.cancel_scope.cancel()
+        # entered in __aenter__, so exited here under no scope of ours (scopes nest); the
+        # caller's own cancellation, raised on the way out, is the caller's to carry on
+        cancelled = self._backend.cancelled_exc_class()
+        try:
+            await tg_cm.__aexit__(None, None, None)
+        except* cancelled:  # bare or in a group (a trio nursery groups what it raises)
+            pass
+
     async def _exit(self, exc_info: tuple[Any, Any, Any]) -> bool | None:
-        assert self._tg is not None and self._tg_cm is not None
+        if self._tg_cm is None:  # the tasks already ended (see _end_tasks)
+            return None
+        assert self._tg is not None
         self._tg.cancel_scope.cancel()
         error = exc_info[1]
         if error is None or isinstance(error, self._backend.cancelled_exc_class()):

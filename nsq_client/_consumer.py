@@ -26,6 +26,7 @@ from nsq_proto import (
     Stopped,
 )
 from nsq_proto import Consumer as ConsumerCore
+from nsq_proto._consumer import REQUEUE_GRACE
 
 from ._backend import Backend
 from ._client import ClientBase
@@ -93,40 +94,73 @@ class Consumer(ClientBase):
         self.last_lookup: LookupSucceeded | None = None
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
-        cancelled = isinstance(exc_info[1], self._backend.cancelled_exc_class())
+        backend = self._backend
+        # cancelled (a scope around the block, Ctrl-C): nothing can answer the messages held
+        abrupt = isinstance(exc_info[1], (backend.cancelled_exc_class(), KeyboardInterrupt))
         # the block is over: nothing takes messages from the inbox any more, so those still
         # on their way (sent by nsqd before it read our CLS) go back at once
         self._closing = True
-        await self._stop(requeue_unanswered=cancelled)
-        with self._backend.cancel_scope(shield=True):
-            await self._driver.aclose()
-        return await self._exit(exc_info)
+        if not abrupt:
+            await self._stop()
+            with backend.cancel_scope(shield=True):
+                await self._driver.aclose()
+            return await self._exit(exc_info)
+        # the client's tasks were cancelled with the caller: end them (one may have failed:
+        # that is what the block ends with), then finish the exchange in tasks of our own
+        failure: BaseException | None = None
+        try:
+            await self._end_tasks()
+        except BaseException as exc:
+            failure = exc
+        try:
+            await self._stop_abruptly()
+        finally:
+            with backend.cancel_scope(shield=True):
+                await self._driver.aclose()
+        if failure is not None:
+            raise failure
+        return None
 
-    async def _stop(self, *, requeue_unanswered: bool = False) -> None:
+    async def _stop_abruptly(self) -> None:
+        """Stop when nothing can answer the messages held any more: CLS, every unanswered
+        message requeued at once, then read on (shielded, briefly) until nsqd confirmed the
+        CLS, requeueing what it sent meanwhile, so that it holds nothing in flight for us
+        (nsqd keeps a closed connection's messages until msg_timeout)."""
         backend = self._backend
         with backend.cancel_scope(shield=True):
             now = backend.current_time()
-            self._core.stop(now, requeue_unanswered=requeue_unanswered)
-            # messages delivered but never handed to the application go back at once
-            for message in self._inbox.drain():
-                message._responded = True
-                # a message that timed out and came back is in the inbox twice: only the
-                # newest copy's REQ is sent
-                with suppress(LocalProtocolError):
-                    self._core.requeue(
-                        message.conn_id,
-                        message.id,
-                        now,
-                        delay=0.0,
-                        backoff=False,
-                        attempts=message.attempts,
-                    )
-            if requeue_unanswered:
-                # the pump task is cancelled with us: carry out the requeues and closes here
-                with backend.cancel_scope(deadline=now + 5.0, shield=True):
-                    await self._driver.flush()
-                self._inbox.close()
-                return
+            self._core.stop(now, requeue_unanswered=True)
+            self._requeue_inbox(now)
+            # the core closes every connection within REQUEUE_GRACE: this bound is a backstop
+            with backend.cancel_scope(deadline=now + REQUEUE_GRACE + 5.0):
+                async with backend.task_group() as tg:
+                    self._driver.resume(tg)
+                    await self._stopped.wait()
+                    tg.cancel_scope.cancel()
+            self._inbox.close()
+
+    def _requeue_inbox(self, now: float) -> None:
+        """Messages delivered but never handed to the application go back at once."""
+        for message in self._inbox.drain():
+            message._responded = True
+            # a message that timed out and came back is in the inbox twice: only the
+            # newest copy's REQ is sent
+            with suppress(LocalProtocolError):
+                self._core.requeue(
+                    message.conn_id,
+                    message.id,
+                    now,
+                    delay=0.0,
+                    backoff=False,
+                    attempts=message.attempts,
+                )
+
+    async def _stop(self) -> None:
+        backend = self._backend
+        with backend.cancel_scope(shield=True):
+            now = backend.current_time()
+            self._core.stop(now)
+            self._requeue_inbox(now)
             self._driver.wake()
             with backend.cancel_scope(deadline=now + self.config.stop_timeout + 5.0):
                 await self._stopped.wait()

@@ -146,6 +146,15 @@ class Driver:
             finally:
                 self._sleeping_until = -math.inf
 
+    def resume(self, task_group: TaskGroupLike) -> None:
+        """Run the pump task and a reading task for every open connection in
+        ``task_group``, after the tasks of :meth:`start` ended (a last exchange, such as a
+        cancelled consumer's CLS and requeues, in tasks shielded from that cancellation)."""
+        self.start(task_group)
+        for link in self._links.values():
+            if link.stream is not None and not link.closed:
+                task_group.start_soon(self._read_loop, link)
+
     async def flush(self) -> None:
         """Carry out every pending output now (when the pump task may be cancelled)."""
         await self._drain()

@@ -16,6 +16,7 @@ import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from ._config import ConfigError, ConsumerConfig
 from ._connection import Connection
@@ -51,6 +52,13 @@ from ._timers import TimerKind
 __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 
 _S = ConnectionState
+
+#: the longest a consumer that can answer nothing more (cancelled) waits for nsqd to confirm
+#: its CLS, requeueing what still arrives, before it closes its connections anyway
+REQUEUE_GRACE: Final = 1.0
+
+#: states in which nsqd takes FIN/REQ/TOUCH for the messages it delivered
+_CAN_ANSWER: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
 
 
 def _not_in_flight(msg_id: bytes, conn_id: ConnId) -> LocalProtocolError:
@@ -156,6 +164,8 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._extend_support = False
         self._stopping = False
         self._stopped = False
+        #: the application can answer nothing more: what still arrives is requeued at once
+        self._requeue_arrivals = False
         self.messages_received = 0
         self.messages_finished = 0
         self.messages_requeued = 0
@@ -401,6 +411,13 @@ class Consumer(MultiConnectionCore[_Conn]):
             if type(item) is MessageReceived:
                 message = item.message
                 self.messages_received += 1
+                if self._requeue_arrivals:
+                    # sent by nsqd before it read our CLS: back at once, or nsqd would hold
+                    # it for this connection until msg_timeout
+                    conn.requeue(message.id, 0.0)
+                    self.messages_requeued += 1
+                    rdy.message_received(rec, now, False)
+                    continue
                 if max_attempts and message.attempts > max_attempts:
                     rdy.message_received(rec, now, False)
                     self.messages_given_up += 1
@@ -745,11 +762,13 @@ class Consumer(MultiConnectionCore[_Conn]):
         """Graceful stop: CLS everywhere, no more RDY; connections close once the application
         answered their in-flight messages (or after ``stop_timeout``, which requeues them).
         With ``requeue_unanswered`` (the application can answer nothing more, e.g. it was
-        cancelled) every unanswered message is requeued at once and the connections close."""
+        cancelled) every unanswered message is requeued at once, and so is every message that
+        still arrives; each connection closes once nsqd confirmed the CLS (CLOSE_WAIT: it sends
+        nothing more), at the latest after :data:`REQUEUE_GRACE` seconds."""
         self._now = now
         if self._stopping:
             if requeue_unanswered:
-                self._stop_timeout(now)
+                self._requeue_unanswered(now)
             return
         self._stopping = True
         self._timers.cancel_kind(TimerKind.LOOKUPD_POLL)
@@ -767,7 +786,30 @@ class Consumer(MultiConnectionCore[_Conn]):
             self._pump(rec, now)
         self._timers.set((TimerKind.STOP_TIMEOUT, None), now + self.config.stop_timeout)
         if requeue_unanswered:
-            self._stop_timeout(now)
+            self._requeue_unanswered(now)
+        self._check_stopped(now)
+
+    def _requeue_unanswered(self, now: float) -> None:
+        """REQ every unanswered message now and every one still arriving; a connection
+        closes on CLOSE_WAIT (or at once when it is not waiting for one)."""
+        self._requeue_arrivals = True
+        key = (TimerKind.STOP_TIMEOUT, None)
+        deadline = now + min(self.config.stop_timeout, REQUEUE_GRACE)
+        current = self._timers.deadline(key)
+        if current is None or deadline < current:
+            self._timers.set(key, deadline)
+        for rec in list(self._conns.values()):
+            conn = rec.conn
+            rec.copies.clear()
+            can_answer = conn.state in _CAN_ANSWER
+            for msg_id in list(rec.in_flight):
+                del rec.in_flight[msg_id]
+                if can_answer:
+                    conn.requeue(msg_id, 0.0)
+                    self.messages_requeued += 1
+            if conn.state is not _S.CLOSING:
+                conn.close("consumer stopped")
+            self._pump(rec, now)
         self._check_stopped(now)
 
     def _stop_timeout(self, now: float) -> None:
@@ -775,7 +817,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             rec.copies.clear()
             for msg_id in list(rec.in_flight):
                 del rec.in_flight[msg_id]
-                if rec.conn.state in (_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT):
+                if rec.conn.state in _CAN_ANSWER:
                     rec.conn.requeue(msg_id, 0.0)
                     self.messages_requeued += 1
             rec.conn.close("stop timeout")

@@ -37,7 +37,7 @@ async def test_slow_handlers(lib: ModuleType, way: tuple[str, str], touch: bool)
         await scenario.slow_handlers(lib, way, EmulatedTarget(cluster), "t", touch)
 
 
-@pytest.mark.parametrize("how", ["stop", "cancel"])
+@pytest.mark.parametrize("how", ["stop", "cancel", "cancel-block"])
 async def test_stop_under_load(lib: ModuleType, way: tuple[str, str], how: str) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         await scenario.stop_under_load(lib, way, EmulatedTarget(cluster), "t", how)

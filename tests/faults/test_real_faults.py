@@ -81,7 +81,7 @@ async def test_slow_handlers(
     await scenario.slow_handlers(lib, way, RealTarget([nsqd]), topic, touch)
 
 
-@pytest.mark.parametrize("how", ["stop", "cancel"])
+@pytest.mark.parametrize("how", ["stop", "cancel", "cancel-block"])
 async def test_stop_under_load(
     nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str, how: str
 ) -> None:

@@ -51,6 +51,7 @@ from nsq_proto import (
     TraceReceipt,
 )
 from nsq_proto import commands as cmd
+from nsq_proto._consumer import REQUEUE_GRACE
 from nsq_proto._features import encode_trace_receipt
 from nsq_proto.wire import DeflateCodec, MessageLayout, SnappyCodec, decode_message
 
@@ -444,7 +445,7 @@ def test_touch_many_writes_once_per_connection_and_skips_older_copies() -> None:
     assert sent_on(core.outputs(), c1) == b"TOUCH " + mid(1) + b"\n"
 
 
-def test_stop_requeue_unanswered_gives_everything_back_and_closes_at_once() -> None:
+def test_stop_requeue_unanswered_gives_everything_back_and_closes_on_close_wait() -> None:
     core, (c1, c2) = consumer(2, max_in_flight=8, stop_timeout=30.0)
     core.receive_data(c1, message(mid(1), b"a") + message(mid(2), b"b"), 0.0)
     core.receive_data(c2, message(mid(3), b"c"), 0.0)
@@ -453,10 +454,22 @@ def test_stop_requeue_unanswered_gives_everything_back_and_closes_at_once() -> N
     out = core.outputs()
     assert sent_on(out, c1) == b"CLS\nREQ " + mid(1) + b" 0\nREQ " + mid(2) + b" 0\n"
     assert sent_on(out, c2) == b"CLS\nREQ " + mid(3) + b" 0\n"
-    assert {o.conn_id for o in of_type(out, Close)} == {c1, c2}
+    assert of_type(out, Close) == []  # nsqd may have sent more before it read the CLS
+    assert core.messages_requeued == 3 and not core.stopped
+    # what nsqd sent before it read the CLS goes back at once, never to the application
+    core.receive_data(c1, message(mid(4), b"d") + response(b"CLOSE_WAIT"), 1.1)
+    out = core.outputs()
+    assert of_type(out, MessageReceived) == []
+    assert sent_on(out, c1) == b"REQ " + mid(4) + b" 0\n"
+    assert [(o.conn_id, o.reason) for o in of_type(out, Close)] == [(c1, "consumer stopped")]
+    assert core.messages_received == 4 and core.messages_requeued == 4
+    # c2's nsqd never confirms: closed after the grace, not after stop_timeout
+    assert core.next_deadline() == pytest.approx(1.0 + REQUEUE_GRACE)
+    core.handle_timer(1.0 + REQUEUE_GRACE)
+    out = core.outputs()
+    assert [o.conn_id for o in of_type(out, Close)] == [c2]
     assert of_type(out, Stopped) == [Stopped()]
-    assert core.stopped and core.messages_requeued == 3
-    assert core.connections() == [] and core.next_deadline() is None
+    assert core.stopped and core.connections() == [] and core.next_deadline() is None
     # the application's late answer finds the connection gone: nsqd redelivers anyway
     assert core.finish(c1, mid(1), 2.0) is False
 
@@ -475,7 +488,7 @@ def test_a_second_stop_can_requeue_what_the_first_left_waiting() -> None:
     core.stop(3.0, requeue_unanswered=True)
     out = core.outputs()
     assert sent_on(out, c) == b"REQ " + mid(1) + b" 0\n"
-    assert of_type(out, Close) == [Close(c, "stop timeout")]
+    assert of_type(out, Close) == [Close(c, "consumer stopped")]  # CLOSE_WAIT came before
     assert of_type(out, Stopped) == [Stopped()]
 
 
