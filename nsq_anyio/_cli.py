@@ -1,32 +1,126 @@
-"""Command line: ``serve`` (the emulator on loopback), ``pub``, ``tail`` and ``stats``.
+"""Command line: ``serve`` (the emulator on loopback), ``pub``, ``tail``, ``stats`` and ``demo``.
 
 ``pub`` and ``tail`` also take the spellings of nsq's own tools (``to_nsq``, ``nsq_tail``):
 ``--topic=T``, ``--channel=C``, ``-n N``, repeated ``--nsqd-tcp-address`` and
 ``--lookupd-http-address``.
+
+Exit status: 0 done, 1 a runtime error (one line on stderr: ``nsq: error: ...``), 2 a usage
+error (argparse's usage and one ``error:`` line), 128 + the signal's number when stopped by
+SIGINT (130, Ctrl-C) or SIGTERM (143).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
+import ipaddress
 import json
 import logging
+import math
 import os
 import signal
+import socket
 import ssl
+import stat
 import sys
+import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 import nsq_proto
+from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
 
 from ._consumer import Consumer
 from ._producer import Producer
 
 __all__ = ["main"]
+
+_T = TypeVar("_T")
+
+#: how long ``stats`` and the channel check of ``tail`` wait for an HTTP answer
+_HTTP_TIMEOUT = 10.0
+
+
+class _Failure(Exception):
+    """A runtime error, reported as one line (``nsq: error: ...``, exit status 1)."""
+
+
+# -- argparse types: a bad value is a usage error (exit status 2) -------------------------------
+
+
+def _count(text: str) -> int:
+    """A whole number of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
+def _port(text: str) -> int:
+    """A port to listen on: 0 (any free port) to 65535."""
+    if not (text.isascii() and text.isdigit() and int(text) <= 65535):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port from 0 (any free port) to 65535")
+    return int(text)
+
+
+def _loopback(text: str) -> str:
+    """A loopback address of this machine (``serve`` is for local use only)."""
+    try:
+        loopback = text == "localhost" or ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a loopback address (127.0.0.1, ::1 or localhost): "
+            "the emulator serves this machine only"
+        )
+    return text
+
+
+def _address(text: str) -> str:
+    """``host:port`` (``[v6]:port``), without a scheme or a path."""
+    try:
+        nsq_proto.parse_address(text)
+    except nsq_proto.ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+_NAME_RULE = "1 to 64 of a-z A-Z 0-9 . _ - with an optional #ephemeral suffix"
+
+
+def _topic_name(text: str) -> str:
+    if not is_valid_topic_name(text):
+        raise argparse.ArgumentTypeError(f"topic name {text!r} is not valid ({_NAME_RULE})")
+    return text
+
+
+def _channel_name(text: str) -> str:
+    if not is_valid_channel_name(text):
+        raise argparse.ArgumentTypeError(f"channel name {text!r} is not valid ({_NAME_RULE})")
+    return text
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +128,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--nsqd-tcp-address",
         action="append",
         default=[],
+        type=_address,
         metavar="HOST:PORT",
         help="nsqd TCP address",
     )
@@ -41,6 +136,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--lookupd-http-address",
         action="append",
         default=[],
+        type=_address,
         metavar="HOST:PORT",
         help="nsqlookupd HTTP address",
     )
@@ -50,6 +146,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snappy", action="store_true", help="snappy compression")
     parser.add_argument("--deflate", action="store_true", help="deflate compression")
     parser.add_argument("--auth-secret", help="AUTH secret")
+    _backend(parser)
+
+
+def _backend(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         choices=["asyncio", "trio"],
@@ -61,7 +161,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     if not (args.tls or args.tls_ca or args.tls_insecure):
         return None
-    context = ssl.create_default_context(cafile=args.tls_ca)
+    try:
+        context = ssl.create_default_context(cafile=args.tls_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise _Failure(f"cannot read --tls-ca {args.tls_ca}: {exc.strerror or exc}") from None
     if args.tls_insecure:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -78,19 +181,23 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.auth_secret:
         options["auth_secret"] = args.auth_secret.encode()
-    if not args.nsqd_tcp_address and not args.lookupd_http_address:
-        raise SystemExit("error: give --nsqd-tcp-address or --lookupd-http-address")
     return options
 
 
-def _topic(args: argparse.Namespace) -> str:
-    """The topic, given as the positional argument or as ``--topic`` (not both)."""
-    if args.topic and args.topic_flag and args.topic != args.topic_flag:
-        raise SystemExit("error: give the topic once (positional or --topic)")
-    topic: str | None = args.topic or args.topic_flag
-    if not topic:
-        raise SystemExit("error: give a topic (positional or --topic)")
-    return topic
+def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse cannot check alone: one topic, at least one address, distinct ports."""
+    if args.command in ("pub", "tail"):
+        if args.topic and args.topic_flag:
+            parser.error("give the topic once (as an argument or as --topic)")
+        args.topic = args.topic or args.topic_flag
+        if not args.topic:
+            parser.error("give a topic (as an argument or as --topic)")
+        if not args.nsqd_tcp_address and not args.lookupd_http_address:
+            parser.error("give --nsqd-tcp-address or --lookupd-http-address")
+    if args.command == "serve":
+        ports = [p for p in (args.tcp_port, args.http_port, args.lookupd_http_port) if p]
+        if len(set(ports)) != len(ports):
+            parser.error("give --tcp-port, --http-port and --lookupd-http-port different ports")
 
 
 class _Progress:
@@ -124,12 +231,49 @@ class _Progress:
         """End the live line; the summary unless the command failed with ``error``."""
         if self._live:
             print("\r\033[K", end="", file=sys.stderr)
-        if not isinstance(error, nsq_proto.NSQError | SystemExit):
+        if error is None or _stopped(error):
             print(self.summary(), file=sys.stderr)
 
 
+def _stopped(error: BaseException) -> bool:
+    """Whether ``error`` is the command being stopped (cancelled, interrupted), not a failure."""
+    return isinstance(error, KeyboardInterrupt | anyio.get_cancelled_exc_class())
+
+
+async def _stdin_lines() -> AsyncIterator[bytes]:
+    """The lines of stdin without their ends; waiting for a terminal or a pipe can be
+    cancelled (Ctrl-C stops at once, not at the next line)."""
+    fd = sys.stdin.fileno()
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):  # a file: reading never waits
+        for line in sys.stdin.buffer:
+            yield line.rstrip(b"\r\n")
+            await anyio.lowlevel.checkpoint()
+        return
+    if os.isatty(fd):
+        print("publishing each line typed (Ctrl-D ends, Ctrl-C stops)", file=sys.stderr, flush=True)
+    pending = b""
+    waitable = True
+    while True:
+        if waitable:
+            try:
+                await anyio.wait_readable(fd)
+            except OSError:  # a device that cannot be waited for (/dev/null): read at once
+                waitable = False
+        else:
+            await anyio.lowlevel.checkpoint()
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending.rstrip(b"\r")
+
+
 async def _pub(args: argparse.Namespace) -> int:
-    topic = _topic(args)
+    topic = args.topic
     options = _options(args)
     options["publish_timeout"] = args.timeout
     progress = _Progress("published", topic)
@@ -143,9 +287,7 @@ async def _pub(args: argparse.Namespace) -> int:
                     await producer.publish_many(topic, batch[:n])
                     progress.add(n)
             else:
-                stdin = anyio.wrap_file(sys.stdin.buffer)
-                async for line in stdin:
-                    line = line.rstrip(b"\r\n")
+                async for line in _stdin_lines():
                     if line:
                         await producer.publish(topic, line)
                         progress.add()
@@ -167,22 +309,98 @@ def _json_line(message: Any) -> bytes:
     return json.dumps(record, ensure_ascii=False).encode() + b"\n"
 
 
+def _lookup_channels(lookupds: list[str], topic: str) -> set[str] | None:
+    """The channels the nsqlookupds list for ``topic`` (empty for an unknown topic); None
+    when none of them answered."""
+    channels: set[str] = set()
+    answered = False
+    query = urllib.parse.urlencode({"topic": topic})
+    for address in lookupds:
+        try:
+            with urllib.request.urlopen(f"http://{address}/lookup?{query}", timeout=2) as reply:
+                data = json.load(reply)
+        except urllib.error.HTTPError as exc:
+            answered = answered or exc.code == 404  # TOPIC_NOT_FOUND
+            continue
+        except (OSError, ValueError, http.client.HTTPException):
+            continue
+        if isinstance(data, dict):
+            data = data.get("data", data)  # older nsqlookupd answer in an envelope
+            channels.update(data.get("channels") or [])
+            answered = True
+    return channels if answered else None
+
+
+def _new_channel_note(args: argparse.Namespace, topic: str, channel: str) -> str | None:
+    """What to say of a channel that may not exist yet: nsqd gives a new channel only the
+    messages published after it was created (the first channel of a topic also takes what
+    the topic held)."""
+    known = None
+    if args.lookupd_http_address:
+        known = _lookup_channels(args.lookupd_http_address, topic)
+    if known is None:
+        return (
+            f"note: if channel {channel} is new, it receives only the messages published to "
+            f"{topic} from now on"
+        )
+    if channel in known or not known:
+        return None
+    return (
+        f"note: channel {channel} is new: it receives only the messages published to {topic} "
+        "from now on"
+    )
+
+
+async def _in_daemon_thread(function: Callable[..., _T], *args: Any) -> _T:
+    """``function(*args)`` in a thread of its own that a stop does not wait for (blocking
+    HTTP with a timeout: Ctrl-C ends the command at once, not when the request gives up)."""
+    results: list[_T] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            results.append(function(*args))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        await anyio.sleep(0.01)
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+async def _say_when_subscribed(consumer: Consumer, note: str) -> None:
+    """Print ``note`` once the consumer is subscribed: "from now on" is then true."""
+    while not any(c["state"] == "SUBSCRIBED" for c in consumer.stats()["connections"]):
+        await anyio.sleep(0.02)
+    print(note, file=sys.stderr, flush=True)
+
+
 async def _tail(args: argparse.Namespace) -> int:
-    topic = _topic(args)
+    topic = args.topic
+    channel = args.channel or f"tail{os.getpid()}#ephemeral"
     options = _options(args)
     options["max_in_flight"] = args.max_in_flight
+    note = await _in_daemon_thread(_new_channel_note, args, topic, channel)
     progress = _Progress("received", topic)
     as_json = args.format == "json"
     out = sys.stdout.buffer
     try:
-        async with Consumer(topic, args.channel, **options) as consumer:
-            async for message in consumer:
-                out.write(_json_line(message) if as_json else message.body + b"\n")
-                out.flush()
-                await message.finish()
-                progress.add()
-                if args.n is not None and progress.count >= args.n:
-                    break
+        async with Consumer(topic, channel, **options) as consumer:
+            async with anyio.create_task_group() as tg:
+                if note is not None:
+                    tg.start_soon(_say_when_subscribed, consumer, note)
+                async for message in consumer:
+                    out.write(_json_line(message) if as_json else message.body + b"\n")
+                    out.flush()
+                    await message.finish()
+                    progress.add()
+                    if args.n is not None and progress.count >= args.n:
+                        break
+                tg.cancel_scope.cancel()
     except BaseException as exc:
         progress.close(exc)
         raise
@@ -211,17 +429,65 @@ def _stats_rows(stats: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def _not_http(address: str) -> str:
+    return (
+        f"{address} does not answer HTTP: is it nsqd's TCP port? "
+        "give nsqd's HTTP address (port 4151 by default)"
+    )
+
+
+def _fetch_stats(address: str, query: str) -> dict[str, Any]:
+    """nsqd's ``/stats`` at ``address``; a :class:`_Failure` naming what went wrong."""
+    url = f"http://{address}/stats?{query}"
+    try:
+        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        hint = ": not nsqd's HTTP address (nsqlookupd's?)" if exc.code == 404 else ""
+        raise _Failure(
+            f"{address} answered /stats with HTTP {exc.code} {exc.reason}{hint}"
+        ) from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, OSError):
+            raise _Failure(_os_error(reason, address)) from None
+        raise _Failure(f"{address}: {reason}") from None
+    except http.client.HTTPException:
+        raise _Failure(_not_http(address)) from None
+    except OSError as exc:
+        raise _Failure(_os_error(exc, address)) from None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise _Failure(f"{address} did not answer /stats with JSON: is it nsqd's HTTP address?")
+    stats: dict[str, Any] = data.get("data", data)  # older nsqd answer in an envelope
+    return stats
+
+
+def _os_error(exc: OSError, address: str) -> str:
+    """One line for a failure to reach ``address``."""
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused by {address}"
+    if isinstance(exc, ConnectionResetError | ConnectionAbortedError):
+        return _not_http(address)
+    if isinstance(exc, TimeoutError):
+        return f"{address} did not answer within {_HTTP_TIMEOUT:g} s"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host of {address}: {exc.strerror}"
+    return f"{address}: {exc.strerror or exc}"
+
+
 def _stats(args: argparse.Namespace) -> int:
     """nsq_stat-like: depth, in flight, requeue and timeout counts from nsqd's /stats."""
-    query = "format=json" + (f"&topic={args.topic}" if args.topic else "")
+    query = urllib.parse.urlencode(
+        {"format": "json", **({"topic": args.topic} if args.topic else {})}
+    )
     shown = 0
     while True:
         for address in args.nsqd_http_address:
-            url = f"http://{address}/stats?{query}"
-            with urllib.request.urlopen(url, timeout=10) as response:
-                data = json.load(response)
-            stats = data.get("data", data)  # nsqd answers bare; older ones in an envelope
-            rows = _stats_rows(stats)
+            rows = _stats_rows(_fetch_stats(address, query))
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
             print(f"# {address}")
             for row in rows:
@@ -233,20 +499,58 @@ def _stats(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
+def _check_free(host: str, port: int) -> None:
+    """A clear error for a port already taken (checked before the emulator starts)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        if os.name == "posix":  # as the listeners do: a port in TIME_WAIT is free
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+            raise _Failure(f"cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    """The emulator (one nsqd and an nsqlookupd) on loopback until stopped."""
+    from ._server import serve_emulator
+
+    for port in (args.lookupd_http_port, args.tcp_port, args.http_port):
+        if port:
+            _check_free(args.host, port)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            cluster = await stack.enter_async_context(
+                serve_emulator(
+                    host=args.host,
+                    tcp_ports=[args.tcp_port],
+                    http_ports=[args.http_port],
+                    lookupd_http_port=args.lookupd_http_port,
+                )
+            )
+        except OSError as exc:
+            raise _Failure(f"cannot listen on {args.host}: {exc.strerror or exc}") from None
+        print(f"nsqd TCP      {cluster.nsqd_tcp_addresses[0]}", flush=True)
+        print(f"nsqd HTTP     {cluster.nsqd_http_addresses[0]}", flush=True)
+        print(f"lookupd HTTP  {cluster.lookupd_http_addresses[0]}", flush=True)
+        await anyio.sleep_forever()
+    return 0
+
+
 async def _demo(args: argparse.Namespace) -> int:
     """Serve the emulator, publish ``--count`` messages, tail them back, check every one."""
-    import time
-
     from ._server import serve_emulator
 
     async with serve_emulator(nsqd_count=2) as cluster:
         print(f"emulated nsqd at {', '.join(cluster.nsqd_tcp_addresses)}", file=sys.stderr)
         print(f"emulated lookupd at {cluster.lookupd_http_addresses[0]}", file=sys.stderr)
-        bodies = [b"message %d" % i for i in range(args.count)]
+        count = args.count
         start = time.perf_counter()
         async with Producer(nsqd_tcp_addresses=cluster.nsqd_tcp_addresses) as producer:
-            for i in range(0, len(bodies), 100):
-                await producer.publish_many(args.topic, bodies[i : i + 100])
+            for first in range(0, count, 100):
+                batch = [b"message %d" % i for i in range(first, min(first + 100, count))]
+                await producer.publish_many(args.topic, batch)
         published = time.perf_counter() - start
         seen: set[bytes] = set()
         start = time.perf_counter()
@@ -260,68 +564,106 @@ async def _demo(args: argparse.Namespace) -> int:
                 async for message in consumer:
                     seen.add(message.body)
                     await message.finish()
-                    if len(seen) == len(bodies):
+                    if len(seen) == count:
                         break
         consumed = time.perf_counter() - start
-    missing = len(set(bodies) - seen)
-    print(f"published {len(bodies)} messages in {published:.2f} s")
+    missing = count - len(seen)  # the emulator is this command's own: no other bodies
+    print(f"published {count} messages in {published:.2f} s")
     print(f"consumed {len(seen)} distinct messages in {consumed:.2f} s (via lookupd, 2 nsqd)")
     print("round trip OK" if not missing else f"round trip FAILED: {missing} missing")
     return 0 if not missing else 1
 
 
-async def _with_signals(coro: Any, args: argparse.Namespace) -> int:
+async def _until_signal(
+    command: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace
+) -> int:
+    """Run ``command``; SIGINT or SIGTERM cancels it (exit status 128 + the signal), a second
+    one ends the process at once."""
     result = 1
-    failure: BaseException | None = None
+    failure: Exception | None = None
+    stopped_by: int | None = None
+    work = anyio.CancelScope()
 
-    async def body(scope: anyio.CancelScope) -> None:
-        nonlocal result, failure
-        try:
-            result = await coro(args)
-        except nsq_proto.NSQError as exc:
-            failure = exc
-        scope.cancel()
+    async def watch(signals: AsyncIterator[int]) -> None:
+        nonlocal stopped_by
+        async for signum in signals:
+            if stopped_by is None:
+                stopped_by = signum
+                print("stopping", file=sys.stderr, flush=True)
+                work.cancel()
+            else:  # still stopping: the user insists
+                sys.stdout.flush()
+                os._exit(128 + signum)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(body, tg.cancel_scope)
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                print("stopping", file=sys.stderr)
-                result = 130
-                tg.cancel_scope.cancel()
-                break
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, signals)
+            with work:
+                try:
+                    result = await command(args)
+                except Exception as exc:
+                    failure = exc
+            tg.cancel_scope.cancel()
+    if stopped_by is not None:
+        return 128 + stopped_by
     if failure is not None:
         raise failure
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside ``error`` (itself unless it is an exception group)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def _runtime_error(error: BaseException) -> str | None:
+    """The one line for a runtime error, or None for a bug (shown with its traceback)."""
+    if isinstance(error, _Failure | nsq_proto.NSQError):
+        return str(error)
+    if isinstance(error, OSError):  # a TLS file that cannot be read, a closed stdout...
+        return str(error)
+    return None
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="python -m nsq_anyio", description="NSQ on anyio")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the NSQ emulator on loopback")
-    serve.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
-    serve.add_argument("--tcp-port", type=int, default=4150)
-    serve.add_argument("--http-port", type=int, default=4151)
-    serve.add_argument("--lookupd-http-port", type=int, default=4161)
-    serve.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    serve.add_argument(
+        "--host", type=_loopback, default="127.0.0.1", help="loopback address to bind"
+    )
+    serve.add_argument("--tcp-port", type=_port, default=4150, help="nsqd TCP (0: any free)")
+    serve.add_argument("--http-port", type=_port, default=4151, help="nsqd HTTP (0: any free)")
+    serve.add_argument(
+        "--lookupd-http-port", type=_port, default=4161, help="nsqlookupd HTTP (0: any free)"
+    )
+    _backend(serve)
 
     pub = sub.add_parser("pub", help="publish stdin lines (or generated bodies) to a topic")
-    pub.add_argument("topic", nargs="?")
-    pub.add_argument("--topic", dest="topic_flag", metavar="TOPIC", help="the topic (to_nsq)")
+    pub.add_argument("topic", nargs="?", type=_topic_name)
     pub.add_argument(
-        "--count", type=int, help="publish this many generated bodies instead of stdin"
+        "--topic", dest="topic_flag", type=_topic_name, metavar="TOPIC", help="the topic (to_nsq)"
     )
-    pub.add_argument("--size", type=int, default=200, help="size of generated bodies")
-    pub.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for nsqd")
+    pub.add_argument(
+        "--count", type=_count, help="publish this many generated bodies instead of stdin"
+    )
+    pub.add_argument("--size", type=_count, default=200, help="size of generated bodies")
+    pub.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for nsqd")
     _common(pub)
 
     tail = sub.add_parser("tail", help="print the bodies of a topic/channel")
-    tail.add_argument("topic", nargs="?")
-    tail.add_argument("--topic", dest="topic_flag", metavar="TOPIC", help="the topic (nsq_tail)")
-    tail.add_argument("--channel", default=f"tail{os.getpid()}#ephemeral")
-    tail.add_argument("-n", "--n", type=int, help="stop after N messages")
-    tail.add_argument("--max-in-flight", type=int, default=200)
+    tail.add_argument("topic", nargs="?", type=_topic_name)
+    tail.add_argument(
+        "--topic", dest="topic_flag", type=_topic_name, metavar="TOPIC", help="the topic (nsq_tail)"
+    )
+    tail.add_argument(
+        "--channel", type=_channel_name, help="the channel (default: a new ephemeral one)"
+    )
+    tail.add_argument("-n", "--n", type=_count, help="stop after N messages")
+    tail.add_argument("--max-in-flight", type=_count, default=200)
     tail.add_argument(
         "--format",
         choices=["raw", "json"],
@@ -331,29 +673,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     _common(tail)
 
     stats = sub.add_parser("stats", help="depth, in-flight, requeue and timeout counts")
-    stats.add_argument("--nsqd-http-address", action="append", required=True, metavar="HOST:PORT")
-    stats.add_argument("--topic", help="only this topic")
-    stats.add_argument("--interval", type=float, help="show again every this many seconds")
-    stats.add_argument("--count", type=int, help="with --interval: stop after this many")
+    stats.add_argument(
+        "--nsqd-http-address", action="append", required=True, type=_address, metavar="HOST:PORT"
+    )
+    stats.add_argument("--topic", type=_topic_name, help="only this topic")
+    stats.add_argument("--interval", type=_seconds, help="show again every this many seconds")
+    stats.add_argument("--count", type=_count, help="with --interval: stop after this many")
 
     demo = sub.add_parser("demo", help="publish/tail round trip against the embedded emulator")
-    demo.add_argument("--count", type=int, default=10000)
-    demo.add_argument("--topic", default="demo")
-    demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    demo.add_argument("--count", type=_count, default=10000)
+    demo.add_argument("--topic", type=_topic_name, default="demo")
+    _backend(demo)
+    return parser, {"serve": serve, "pub": pub, "tail": tail, "stats": stats, "demo": demo}
 
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "stats":
+        # stopped by Ctrl-C even when started with SIGINT ignored, as the other commands are
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return _stats(args)
+    runner = {"serve": _serve, "pub": _pub, "tail": _tail, "demo": _demo}[args.command]
+    result: int = anyio.run(_until_signal, runner, args, backend=args.backend)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, commands = _parser()
     args = parser.parse_args(argv)
+    _check_usage(commands[args.command], args)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
-        if args.command == "serve":
-            from ._server import serve_forever
-
-            return anyio.run(serve_forever, args, backend=args.backend)
-        if args.command == "stats":
-            return _stats(args)
-        runner = {"pub": _pub, "tail": _tail, "demo": _demo}[args.command]
-        return anyio.run(_with_signals, runner, args, backend=args.backend)
-    except nsq_proto.NSQError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+        return _run(args)
+    except BaseException as exc:  # sorted below; a bug goes on with its traceback
+        leaves = _leaves(exc)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return 130
+        for leaf in leaves:
+            line = _runtime_error(leaf)
+            if line is not None:
+                sys.stdout.flush()
+                print(f"nsq: error: {line}", file=sys.stderr)
+                return 1
+        raise

@@ -5,20 +5,135 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
+import queue
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
 
 import pytest
 
+from tests.faults._servers import free_port, wait_http
+
 PY = [sys.executable, "-m", "nsq_anyio"]
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    "PYTHONUNBUFFERED": "1",
+}
+NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
+NSQLOOKUPD = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
 
 
 def run(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*PY, *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        [*PY, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=ENV,
     )
+
+
+def assert_usage_error(out: subprocess.CompletedProcess[str], *words: str) -> None:
+    """argparse's convention: its usage, then one ``error:`` line naming the problem; exit 2."""
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("usage: python -m nsq_anyio"), out.stderr
+    last = out.stderr.rstrip("\n").splitlines()[-1]
+    assert ": error: " in last, out.stderr
+    for word in words:
+        assert word in last, out.stderr
+
+
+def assert_runtime_error(out: subprocess.CompletedProcess[str], *words: str) -> None:
+    """One ``nsq: error:`` line naming the cause (the last line of stderr); exit 1."""
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    last = out.stderr.rstrip("\n").splitlines()[-1]
+    assert last.startswith("nsq: error: "), out.stderr
+    for word in words:
+        assert word in last, out.stderr
+
+
+class Running:
+    """A command running in the background; its output lines as they come."""
+
+    def __init__(self, *args: str, stdin: int | None = subprocess.DEVNULL) -> None:
+        self.proc = subprocess.Popen(
+            [*PY, *args],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.out: list[str] = []
+        self.err: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, "out", self.out)),
+            threading.Thread(target=self._read, args=(self.proc.stderr, "err", self.err)),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: IO[str], name: str, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+            self.lines.put((name, line))
+
+    def wait_for(self, name: str, text: str, timeout: float = 10) -> str:
+        """The first line of ``name`` (``out`` or ``err``) containing ``text``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                which, line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"no {text!r} on std{name} in {timeout} s: {''.join(self.err)}"
+                ) from None
+            if which == name and text in line:
+                return line
+
+    def interrupt(self) -> float:
+        """SIGINT; the seconds until the process ended."""
+        start = time.monotonic()
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=20)
+        return time.monotonic() - start
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for reader in self._readers:
+            reader.join()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            assert stream is not None
+            stream.close()
+
+
+@contextlib.contextmanager
+def running(*args: str, stdin: int | None = subprocess.DEVNULL) -> Iterator[Running]:
+    proc = Running(*args, stdin=stdin)
+    try:
+        yield proc
+    finally:
+        proc.stop()
 
 
 def test_demo_round_trip() -> None:
@@ -31,27 +146,16 @@ def test_demo_round_trip() -> None:
 @contextlib.contextmanager
 def serve() -> Iterator[dict[str, str]]:
     """``python -m nsq_anyio serve`` on free loopback ports; its addresses by name."""
-    proc = subprocess.Popen(
-        [*PY, "serve", "--tcp-port", "0", "--http-port", "0", "--lookupd-http-port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
+    with running(
+        "serve", "--tcp-port", "0", "--http-port", "0", "--lookupd-http-port", "0"
+    ) as proc:
         addresses = {}
         for _ in range(3):
-            line = proc.stdout.readline()
+            line = proc.wait_for("out", " ")
             name, _, address = line.rpartition(" ")
             addresses[name.strip()] = address.strip()
         yield addresses
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        proc.interrupt()
 
 
 @pytest.fixture
@@ -77,38 +181,7 @@ def test_pub_then_tail_through_lookupd(server: dict[str, str]) -> None:
 
 def test_unreachable_nsqd_is_a_clear_error() -> None:
     out = run("pub", "t", "--nsqd-tcp-address", "127.0.0.1:1", "--timeout", "1", stdin="x\n")
-    assert out.returncode == 1
-    assert out.stderr.startswith("error: publish 1 not acknowledged in time")
-    assert "Traceback" not in out.stderr
-
-
-def test_missing_address_is_a_usage_error() -> None:
-    out = run("pub", "t", stdin="x\n")
-    assert out.returncode != 0
-    assert "--nsqd-tcp-address" in out.stderr
-
-
-def test_bad_topic_is_a_clear_error(server: dict[str, str]) -> None:
-    out = run("pub", "bad!topic", "--nsqd-tcp-address", server["nsqd TCP"], stdin="x\n")
-    assert out.returncode == 1
-    assert out.stderr.startswith("error: topic name 'bad!topic' is not valid")
-
-
-def test_tail_stops_cleanly_on_interrupt(server: dict[str, str]) -> None:
-    proc = subprocess.Popen(
-        [*PY, "tail", "quiet", "--nsqd-tcp-address", server["nsqd TCP"]],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        proc.wait(timeout=1.5)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 130
-    assert "Traceback" not in err
+    assert_runtime_error(out, "127.0.0.1:1")
 
 
 def test_nsq_tools_spellings_json_lines_and_rate_summaries(server: dict[str, str]) -> None:
@@ -141,8 +214,320 @@ def test_nsq_tools_spellings_json_lines_and_rate_summaries(server: dict[str, str
     assert row[:6] == ["orders", "c", "0", "0", "0", "0"]
 
 
-def test_a_topic_given_twice_or_not_at_all_is_a_usage_error() -> None:
-    out = run("tail", "a", "--topic=b", "--nsqd-tcp-address", "127.0.0.1:1")
-    assert out.returncode != 0 and "give the topic once" in out.stderr
+# -- usage errors: argparse's usage and one line, exit status 2 --------------------------------
+
+
+def test_missing_topic_is_a_usage_error() -> None:
     out = run("pub", "--nsqd-tcp-address", "127.0.0.1:1", stdin="x\n")
-    assert out.returncode != 0 and "give a topic" in out.stderr
+    assert_usage_error(out, "give a topic")
+
+
+def test_missing_address_is_a_usage_error() -> None:
+    out = run("pub", "t", stdin="x\n")
+    assert_usage_error(out, "--nsqd-tcp-address", "--lookupd-http-address")
+
+
+def test_a_topic_given_twice_is_a_usage_error() -> None:
+    out = run("tail", "a", "--topic=b", "--nsqd-tcp-address", "127.0.0.1:1")
+    assert_usage_error(out, "give the topic once")
+
+
+def test_bad_topic_is_a_usage_error() -> None:
+    out = run("pub", "bad!topic", "--nsqd-tcp-address", "127.0.0.1:1", stdin="x\n")
+    assert_usage_error(out, "'bad!topic'", "topic name")
+
+
+def test_bad_channel_is_a_usage_error() -> None:
+    out = run("tail", "t", "--channel", "a b", "--nsqd-tcp-address", "127.0.0.1:1")
+    assert_usage_error(out, "'a b'", "channel name")
+
+
+def test_stats_http_url_is_a_usage_error() -> None:
+    out = run("stats", "--nsqd-http-address", "http://127.0.0.1:4151")
+    assert_usage_error(out, "'http://127.0.0.1:4151'", "host:port", "no scheme")
+
+
+def test_stats_bad_topic_is_a_usage_error() -> None:
+    out = run("stats", "--nsqd-http-address", "127.0.0.1:4151", "--topic", "no/such")
+    assert_usage_error(out, "'no/such'", "topic name")
+
+
+def test_stats_negative_interval_is_a_usage_error() -> None:
+    out = run("stats", "--nsqd-http-address", "127.0.0.1:4151", "--interval", "-1")
+    assert_usage_error(out, "--interval", "'-1'")
+
+
+def test_address_without_port_is_a_usage_error() -> None:
+    out = run("tail", "t", "--lookupd-http-address", "127.0.0.1")
+    assert_usage_error(out, "--lookupd-http-address", "host:port")
+
+
+def test_serve_port_out_of_range_is_a_usage_error() -> None:
+    out = run("serve", "--tcp-port", "70000")
+    assert_usage_error(out, "--tcp-port", "70000")
+
+
+def test_serve_on_all_interfaces_is_a_usage_error() -> None:
+    out = run("serve", "--host", "0.0.0.0")
+    assert_usage_error(out, "--host", "0.0.0.0", "loopback")
+
+
+def test_serve_on_an_address_of_another_machine_is_a_usage_error() -> None:
+    out = run("serve", "--host", "192.0.2.1")
+    assert_usage_error(out, "--host", "192.0.2.1", "loopback")
+
+
+def test_demo_count_zero_is_a_usage_error() -> None:
+    out = run("demo", "--count", "0", timeout=10)
+    assert_usage_error(out, "--count", "'0'")
+
+
+@pytest.mark.parametrize(
+    "option", [["-n", "0"], ["-n", "-1"], ["--max-in-flight", "0"]], ids=" ".join
+)
+def test_tail_counts_below_one_are_usage_errors(option: list[str]) -> None:
+    out = run("tail", "t", "--nsqd-tcp-address", "127.0.0.1:1", *option, timeout=10)
+    assert_usage_error(out, option[0], repr(option[1]))
+
+
+# -- runtime errors: one line, exit status 1 ----------------------------------------------------
+
+
+def test_stats_of_a_closed_port_is_one_line() -> None:
+    port = free_port()
+    out = run("stats", "--nsqd-http-address", f"127.0.0.1:{port}", timeout=10)
+    assert_runtime_error(out, f"connection refused by 127.0.0.1:{port}")
+
+
+def test_stats_of_nsqd_tcp_port_is_one_line(server: dict[str, str]) -> None:
+    out = run("stats", "--nsqd-http-address", server["nsqd TCP"], timeout=10)
+    assert_runtime_error(out, server["nsqd TCP"], "TCP port")
+
+
+def test_stats_of_lookupd_is_one_line(server: dict[str, str]) -> None:
+    out = run("stats", "--nsqd-http-address", server["lookupd HTTP"], timeout=10)
+    assert_runtime_error(out, server["lookupd HTTP"], "404", "nsqlookupd")
+
+
+def test_serve_on_a_port_in_use_is_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run("serve", "--tcp-port", str(port), "--http-port", "0", "--lookupd-http-port", "0")
+    assert_runtime_error(out, f"127.0.0.1:{port}", "in use")
+
+
+# -- Ctrl-C: exit status 130 within a second, no traceback ------------------------------------
+
+BACKENDS = ["asyncio", "trio"]
+
+
+def assert_interrupted(proc: Running) -> None:
+    seconds = proc.interrupt()
+    proc.stop()
+    assert proc.proc.returncode == 130, "".join(proc.err)
+    assert seconds < 3, seconds
+    assert "Traceback" not in "".join(proc.err)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_serve_stops_on_interrupt(backend: str) -> None:
+    with running(
+        "serve",
+        "--tcp-port",
+        "0",
+        "--http-port",
+        "0",
+        "--lookupd-http-port",
+        "0",
+        "--backend",
+        backend,
+    ) as proc:
+        proc.wait_for("out", "lookupd HTTP")
+        assert_interrupted(proc)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pub_from_a_terminal_stops_on_interrupt(server: dict[str, str], backend: str) -> None:
+    """Reading a terminal that nobody types on, it still stops at once."""
+    parent, child = pty.openpty()
+    try:
+        with running(
+            "pub",
+            "t",
+            "--nsqd-tcp-address",
+            server["nsqd TCP"],
+            "--backend",
+            backend,
+            stdin=child,
+        ) as proc:
+            proc.wait_for("err", "Ctrl-D")
+            assert_interrupted(proc)
+    finally:
+        os.close(parent)
+        os.close(child)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pub_from_a_terminal_publishes_lines_until_end_of_input(
+    server: dict[str, str], backend: str
+) -> None:
+    parent, child = pty.openpty()
+    try:
+        with running(
+            "pub",
+            "t",
+            "--nsqd-tcp-address",
+            server["nsqd TCP"],
+            "--backend",
+            backend,
+            stdin=child,
+        ) as proc:
+            proc.wait_for("err", "Ctrl-D")
+            os.write(parent, b"one\ntwo\n\x04")
+            assert proc.proc.wait(timeout=10) == 0, "".join(proc.err)
+            proc.stop()
+            assert "published 2 messages to t" in "".join(proc.err)
+    finally:
+        os.close(parent)
+        os.close(child)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tail_stops_on_interrupt(server: dict[str, str], backend: str) -> None:
+    with running(
+        "tail", "quiet", "--nsqd-tcp-address", server["nsqd TCP"], "--backend", backend
+    ) as proc:
+        proc.wait_for("err", "note: ")
+        assert_interrupted(proc)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_demo_stops_on_interrupt(backend: str) -> None:
+    with running("demo", "--count", "10000000", "--backend", backend) as proc:
+        proc.wait_for("err", "emulated lookupd at")
+        assert_interrupted(proc)
+
+
+def test_stats_stops_on_interrupt(server: dict[str, str]) -> None:
+    with running("stats", "--nsqd-http-address", server["nsqd HTTP"], "--interval", "10") as proc:
+        proc.wait_for("out", "# ")
+        assert_interrupted(proc)
+
+
+# -- a new channel only sees what is published after it was created ---------------------------
+
+
+def test_tail_of_a_new_channel_says_what_it_will_see(server: dict[str, str]) -> None:
+    nsqd, lookupd = server["nsqd TCP"], server["lookupd HTTP"]
+    out = run("pub", "news", "--nsqd-tcp-address", nsqd, stdin="first\n")
+    assert out.returncode == 0, out.stderr
+    # the topic's first channel takes what the topic held: no note
+    out = run("tail", "news", "--channel", "kept", "-n", "1", "--lookupd-http-address", lookupd)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "first\n"
+    assert "note:" not in out.stderr
+    out = run("pub", "news", "--nsqd-tcp-address", nsqd, stdin="second\n")
+    assert out.returncode == 0, out.stderr
+    # an existing channel: no note
+    out = run("tail", "news", "--channel", "kept", "-n", "1", "--lookupd-http-address", lookupd)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "second\n"
+    assert "note:" not in out.stderr
+    # a new channel beside it: said once, once subscribed, and what it says holds
+    with running("tail", "news", "-n", "1", "--lookupd-http-address", lookupd) as proc:
+        note = proc.wait_for("err", "note: ")
+        assert "new" in note and "from now on" in note
+        out = run("pub", "news", "--nsqd-tcp-address", nsqd, stdin="third\n")
+        assert out.returncode == 0, out.stderr
+        assert proc.proc.wait(timeout=10) == 0, "".join(proc.err)
+        proc.stop()
+    assert proc.out == ["third\n"]
+    assert sum("note: " in line for line in proc.err) == 1
+
+
+def test_tail_of_nsqd_alone_says_what_a_new_channel_sees(server: dict[str, str]) -> None:
+    with running("tail", "other", "--nsqd-tcp-address", server["nsqd TCP"]) as proc:
+        note = proc.wait_for("err", "note: ")
+        assert "from now on" in note
+        assert_interrupted(proc)
+
+
+# -- against a real nsqd ------------------------------------------------------------------------
+
+
+def http_post(url: str, body: bytes = b"") -> None:
+    request = urllib.request.Request(url, data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=5):
+        pass
+
+
+@pytest.fixture
+def real() -> Iterator[dict[str, str]]:
+    if not (NSQD and NSQLOOKUPD):
+        pytest.skip("no real nsqd/nsqlookupd: set NSQD and NSQLOOKUPD to the binaries")
+    ports = [free_port() for _ in range(4)]
+    data = tempfile.mkdtemp(prefix="nsqd-cli-test-")
+    lookupd = [
+        NSQLOOKUPD,
+        f"--tcp-address=127.0.0.1:{ports[0]}",
+        f"--http-address=127.0.0.1:{ports[1]}",
+    ]
+    nsqd = [
+        NSQD,
+        f"--tcp-address=127.0.0.1:{ports[2]}",
+        f"--http-address=127.0.0.1:{ports[3]}",
+        "--broadcast-address=127.0.0.1",
+        f"--lookupd-tcp-address=127.0.0.1:{ports[0]}",
+        f"--data-path={data}",
+    ]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for argv in (lookupd, nsqd)
+    ]
+    try:
+        wait_http(f"http://127.0.0.1:{ports[1]}/ping")
+        wait_http(f"http://127.0.0.1:{ports[3]}/ping")
+        yield {
+            "lookupd HTTP": f"127.0.0.1:{ports[1]}",
+            "nsqd TCP": f"127.0.0.1:{ports[2]}",
+            "nsqd HTTP": f"127.0.0.1:{ports[3]}",
+        }
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_stats_of_real_nsqd_tcp_port_and_lookupd(real: dict[str, str]) -> None:
+    out = run("stats", "--nsqd-http-address", real["nsqd TCP"], timeout=10)
+    assert_runtime_error(out, real["nsqd TCP"], "TCP port")
+    out = run("stats", "--nsqd-http-address", real["lookupd HTTP"], timeout=10)
+    assert_runtime_error(out, real["lookupd HTTP"], "404", "nsqlookupd")
+
+
+def test_tail_of_a_new_channel_of_real_nsqd(real: dict[str, str]) -> None:
+    nsqd_http, lookupd = real["nsqd HTTP"], real["lookupd HTTP"]
+    http_post(f"http://{nsqd_http}/topic/create?topic=news")
+    http_post(f"http://{nsqd_http}/channel/create?topic=news&channel=kept")
+    http_post(f"http://{nsqd_http}/pub?topic=news", b"held")
+    deadline = time.monotonic() + 10
+    while True:  # nsqd tells nsqlookupd of the channel in its own time
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://{lookupd}/lookup?topic=news", timeout=5) as r:
+                if "kept" in json.load(r).get("channels", []):
+                    break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # an existing channel: no note
+    out = run("tail", "news", "--channel", "kept", "-n", "1", "--lookupd-http-address", lookupd)
+    assert out.returncode == 0, out.stderr
+    assert "note:" not in out.stderr
+    # a new channel beside it
+    with running("tail", "news", "--lookupd-http-address", lookupd) as proc:
+        note = proc.wait_for("err", "note: ")
+        assert "new" in note and "from now on" in note
+        assert_interrupted(proc)
