@@ -1,0 +1,116 @@
+"""Every benchmark runs, in a tiny form, against a real nsqd (and the core's alone): they are
+measurements, not tests, but they must not rot.  The figures themselves are not asserted."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults._servers import MISSING, NSQD, NSQLOOKUPD, Nsqd
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def run(*argv: str, timeout: float = 240.0) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def figure(output: str, name: str) -> float:
+    """The benchmark's ``name=<float>`` line, which must be there and be a rate above 0."""
+    found = re.findall(rf"^{name}=([0-9.]+)", output, re.MULTILINE)
+    assert found, output
+    value = float(found[-1])
+    assert value > 0
+    return value
+
+
+def test_the_core_benchmarks_run() -> None:
+    output = run(str(BENCHMARKS / "consumer_core.py"), "--count", "20000")
+    figure(output, "consumer_core_msgs_per_s_1conn")
+    figure(output, "consumer_core_msgs_per_s_8conn")
+    figure(run(str(BENCHMARKS / "decode.py"), "--count", "20000"), "connection_receive_fin_per_s")
+
+
+real = pytest.mark.real_nsqd
+
+
+@pytest.fixture(scope="module")
+def nsqd() -> Iterator[Nsqd]:
+    if not (NSQD and NSQLOOKUPD):
+        pytest.skip(MISSING)
+    # the benchmarks' own setting: the queue in memory
+    server = Nsqd("--mem-queue-size=1000000", "--sync-every=2500")
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@real
+@pytest.mark.parametrize("backend", ["asyncio", "trio", "nsq_trio"])
+def test_the_throughput_benchmark_runs_against_a_real_nsqd(nsqd: Nsqd, backend: str) -> None:
+    address = nsqd.tcp_address
+    script = str(BENCHMARKS / "throughput.py")
+    common = ["--nsqd-tcp-address", address, "--count", "3000", "--backend", backend]
+    figure(
+        run(script, "pub", *common, "--topic", f"bench_pub_{backend}", "--bare"), "pub_msgs_per_s"
+    )
+    figure(
+        run(script, "sub", *common, "--topic", f"bench_sub_{backend}", "--bare"), "sub_msgs_per_s"
+    )
+
+
+@real
+def test_the_latency_and_blocking_benchmarks_run_against_a_real_nsqd(nsqd: Nsqd) -> None:
+    address = nsqd.tcp_address
+    output = run(str(BENCHMARKS / "latency.py"), "--nsqd-tcp-address", address, "--count", "200")
+    assert re.search(r"round_trip: client p50=\d+us .* bare p50=\d+us", output), output
+    output = run(
+        str(BENCHMARKS / "blocking_publish.py"),
+        "--nsqd-tcp-address",
+        address,
+        "--count",
+        "2000",
+        "--topic",
+        "bench_blocking",
+    )
+    figure(output, "blocking_msgs_per_s")
+    figure(output, "async_msgs_per_s")
+
+
+@real
+@pytest.mark.spark
+def test_the_spark_benchmark_runs_against_a_real_nsqd(nsqd: Nsqd) -> None:
+    pytest.importorskip("pyspark")
+    output = run(
+        str(BENCHMARKS / "spark_throughput.py"),
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--count",
+        "20000",
+        "--max-messages-per-trigger",
+        "4000",
+        "--memory-batch-rows",
+        "4000",
+        "--warmup-batches",
+        "1",
+        timeout=400.0,
+    )
+    figure(output, "spark_source_msgs_per_s")
+    figure(output, "spark_sink_msgs_per_s")
