@@ -383,7 +383,8 @@ class Consumer(MultiConnectionCore[_Conn]):
             extend_support=extend_support or self.config.extend_support
         )
         ordered = self._ordered_required and partition is not None
-        rec = _Conn(conn_id, Connection(config, conn_id), key, address, partition, ordered)
+        conn = Connection(config, conn_id, address=address)
+        rec = _Conn(conn_id, conn, key, address, partition, ordered)
         self._conns[conn_id] = rec
         self._by_key[key] = conn_id
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))

@@ -175,3 +175,13 @@ def test_a_connection_without_its_address_names_nsqd() -> None:
     conn.connection_made(0.0)
     with pytest.raises(RemoteProtocolError, match=r"^nsqd answered with HTTP: is this nsqd's"):
         conn.receive_data(HTTP_ANSWER, 0.0)
+
+
+def test_a_consumer_names_the_http_port_too() -> None:
+    core = ConsumerCore("t", "c", nsqd_tcp_addresses=["n1:4151"])
+    core.start(0.0)
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_made(connect.conn_id, 0.1)
+    core.receive_data(connect.conn_id, HTTP_ANSWER, 0.1)
+    (closed,) = [o for o in core.outputs() if isinstance(o, ConnectionClosed)]
+    assert str(closed.error) == EXPECTED_HTTP
