@@ -31,6 +31,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 import nsq_client
 from nsq_client import Message as AsyncMessage
+from nsq_client._message import is_async_callable
 from nsq_client._options import chose_max_in_flight
 from nsq_proto import TraceReceipt
 from nsq_proto._config import parse_client_addresses
@@ -281,6 +282,12 @@ class Consumer(_Blocking[AsyncConsumer]):
         raised to ``threads``, so that nsqd sends enough messages for every thread."""
         if threads < 1:
             raise ValueError("threads must be at least 1")
+        if is_async_callable(handler):
+            # it would return a coroutine, never run, and each message would be FINished
+            raise TypeError(
+                f"the blocking run() takes a plain function, not the async {handler!r}: give "
+                "it to the run() of nsq_anyio.Consumer"
+            )
         if not self._max_in_flight_chosen and self.stats()["max_in_flight"] < threads:
             self._set_max_in_flight(threads)
         errors: list[BaseException] = []

@@ -30,8 +30,8 @@ from nsq_proto._consumer import REQUEUE_GRACE
 
 from ._backend import Backend
 from ._client import ClientBase
-from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin
-from ._options import ConsumerOptions, build_config
+from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin, check_handler
+from ._options import ConsumerOptions, build_config, chose_max_in_flight
 from ._stats import ConsumerStats
 
 __all__ = ["Consumer"]
@@ -70,6 +70,8 @@ class Consumer(ClientBase):
         super().__init__(backend, tls, tls_hostname)
         backend = self._backend
         self.config = build_config(ConsumerConfig, backend, config, options, tls=self._use_tls)
+        #: run(handler, concurrency=N) raises max_in_flight to N unless the user chose it
+        self._max_in_flight_chosen = chose_max_in_flight(config, options)
         self._core = ConsumerCore(
             topic,
             channel,
@@ -329,10 +331,17 @@ class Consumer(ClientBase):
     async def run(self, handler: Handler, concurrency: int | None = None) -> None:
         """Handler style: returning FINishes, raising REQueues with backoff; at most
         ``concurrency`` handlers run at once (default: max_in_flight).  Returns when the
-        consumer stops."""
+        consumer stops.  ``handler`` must be an async function (a TypeError otherwise, before
+        any message is taken).
+
+        Unless max_in_flight was set (as an option, in ``config=``, or by
+        :meth:`set_max_in_flight`), it is raised to ``concurrency``, so that nsqd sends
+        enough messages for every handler."""
+        check_handler(handler)
         n = concurrency if concurrency is not None else max(1, self.config.max_in_flight)
         if n < 1:
             raise ConfigError("concurrency must be at least 1")
+        self._make_room_for(n)
         async with self._backend.task_group() as tg:
             for _ in range(n):
                 tg.start_soon(self._worker, handler)
@@ -370,8 +379,16 @@ class Consumer(ClientBase):
         return self._core.is_starved()
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change max_in_flight (0 pauses the consumer); :meth:`run` then keeps it."""
         self._core.set_max_in_flight(max_in_flight, self._backend.current_time())
+        self._max_in_flight_chosen = True
         self._driver.wake()
+
+    def _make_room_for(self, handlers: int) -> None:
+        """Raise max_in_flight to ``handlers`` (that many run at once) unless the user chose it."""
+        if not self._max_in_flight_chosen and self._core.max_in_flight < handlers:
+            self._core.set_max_in_flight(handlers, self._backend.current_time())
+            self._driver.wake()
 
     def stats(self) -> ConsumerStats:
         """Counters and each connection's state, as a JSON-ready dict."""

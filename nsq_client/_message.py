@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -138,6 +140,29 @@ class Message:
 
 Handler = Callable[[Message], Awaitable[object]]
 GiveUpHook = Callable[[Message], object]
+
+
+def is_async_callable(handler: object) -> bool:
+    """An ``async def`` function, an object whose ``__call__`` is one, or a
+    ``functools.partial`` of either."""
+    target = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.iscoroutinefunction(target):
+        return True
+    # an object: its class's __call__ (the instance's attribute is a bound method wrapper)
+    return inspect.iscoroutinefunction(getattr(type(target), "__call__", None))  # noqa: B004
+
+
+def check_handler(handler: object) -> None:
+    """Raise TypeError unless ``handler`` is an async function (:func:`is_async_callable`): a
+    plain function would run its side effects, then fail each message on awaiting its result."""
+    if not is_async_callable(handler):
+        raise TypeError(
+            f"run() takes an async handler (async def), not {handler!r}: call blocking code "
+            "from one in a thread (anyio.to_thread.run_sync), or use nsq_anyio.blocking's "
+            "Consumer"
+        )
 
 
 class _Inbox:
