@@ -57,6 +57,10 @@ def _check_addresses(options: nsq_client.ProducerArguments | nsq_client.Consumer
     parse_client_addresses(nsqd, lookupd)
 
 
+#: the blocking consumer whose handler this thread runs (a thread of ``Consumer.run``)
+_handler_thread = threading.local()
+
+
 class _Runner(Generic[C]):
     """One event-loop thread and the async client it drives (entered and left in one task)."""
 
@@ -272,7 +276,12 @@ class Consumer(_Blocking[AsyncConsumer]):
             return message
 
         while (message := self._runner.call(next_message)) is not None:
-            yield Message(message, self._runner)
+            # while the loop's body holds the message, stop() from this thread cannot wait
+            held, _handler_thread.consumer = getattr(_handler_thread, "consumer", None), self
+            try:
+                yield Message(message, self._runner)
+            finally:
+                _handler_thread.consumer = held
 
     def run(self, handler: Callable[[Message], object], threads: int = 4) -> None:
         """Handler style in ``threads`` threads: returning FINishes, raising REQueues with
@@ -325,8 +334,22 @@ class Consumer(_Blocking[AsyncConsumer]):
             raise errors[0]
 
     def stop(self) -> None:
-        """Stop gracefully now (leaving the ``with`` block does the same)."""
-        self._runner.call(self._client().stop)
+        """Stop gracefully now (leaving the ``with`` block does the same): CLS, then wait (up
+        to ``stop_timeout``) for the messages held to be answered.
+
+        Called from a handler of :meth:`run` (or from the body of a ``for message in
+        consumer`` loop), it cannot wait for its own caller: it starts the stop and returns
+        at once; the message is answered as usual (by the handler's outcome), and
+        :meth:`run` (or the loop) ends once the stop is done."""
+        consumer = self._client()
+        if getattr(_handler_thread, "consumer", None) is self:
+
+            async def begin() -> None:
+                consumer._begin_stop()
+
+            self._runner.call(begin)
+            return
+        self._runner.call(consumer.stop)
 
     def stats(self) -> nsq_client.ConsumerStats:
         consumer = self._client()

@@ -8,6 +8,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import suppress
+from contextvars import ContextVar
 from typing import Any, Unpack
 
 from nsq_proto import (
@@ -37,6 +38,9 @@ from ._stats import ConsumerStats
 __all__ = ["Consumer"]
 
 log = logging.getLogger("nsq")
+
+#: the consumer whose handler the current task runs (set in each worker task of ``run()``)
+_HANDLING: ContextVar[Consumer | None] = ContextVar("nsq_handling", default=None)
 
 #: how many recent errors a consumer keeps for inspection
 _KEEP_ERRORS = 100
@@ -157,19 +161,33 @@ class Consumer(ClientBase):
                     attempts=message.attempts,
                 )
 
+    def _begin_stop(self) -> float:
+        """CLS everywhere, what waits in the inbox requeued; returns the time it began."""
+        now = self._backend.current_time()
+        self._core.stop(now)
+        self._requeue_inbox(now)
+        self._driver.wake()
+        return now
+
     async def _stop(self) -> None:
         backend = self._backend
         with backend.cancel_scope(shield=True):
-            now = backend.current_time()
-            self._core.stop(now)
-            self._requeue_inbox(now)
-            self._driver.wake()
+            now = self._begin_stop()
             with backend.cancel_scope(deadline=now + self.config.stop_timeout + 5.0):
                 await self._stopped.wait()
             self._inbox.close()
 
     async def stop(self) -> None:
-        """Stop gracefully now (leaving the ``async with`` block does the same)."""
+        """Stop gracefully now (leaving the ``async with`` block does the same): CLS, then
+        wait (up to ``stop_timeout``) for the messages the application holds to be answered.
+
+        Called from a handler of :meth:`run` (or a task it started), it cannot wait for its
+        own caller: it starts the stop and returns at once; the handler's message is
+        answered by the handler's outcome as usual, and :meth:`run` returns once the stop
+        is done."""
+        if _HANDLING.get() is self:
+            self._begin_stop()
+            return
         await self._stop()
 
     def _on_event(self, event: Event) -> None:
@@ -347,6 +365,7 @@ class Consumer(ClientBase):
                 tg.start_soon(self._worker, handler)
 
     async def _worker(self, handler: Handler) -> None:
+        _HANDLING.set(self)  # this task's own context: what its handlers call sees it
         inbox = self._inbox
         while True:
             message = inbox.take()
