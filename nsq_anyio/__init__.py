@@ -10,13 +10,18 @@
             await message.finish()
 """
 
+from typing import TYPE_CHECKING
+
 from nsq_client.exports import *  # noqa: F403 (the message, the errors, TraceReceipt)
 from nsq_client.exports import __all__ as _exports
 
 from ._consumer import Consumer as Consumer
 from ._producer import Producer as Producer
 
-__all__ = [*_exports, "Consumer", "Producer", "serve_emulator"]  # noqa: F405
+__all__ = [*_exports, "Consumer", "Producer", "serve_emulator"]
+
+if TYPE_CHECKING:  # imported on first use (below); typed for the application
+    from ._server import serve_emulator as serve_emulator
 
 
 def __getattr__(name: str) -> object:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from .._core import ClientCore
 from .._events import Event
@@ -29,6 +29,9 @@ from ._cluster import Cluster
 from ._lookupd import Lookupd
 from ._nsqd import Nsqd
 from ._protocol import NsqdConnection
+
+#: the type of core attached (a consumer or a producer), given back as it is
+C = TypeVar("C", bound=ClientCore)
 
 __all__ = ["MemoryNetwork", "ClientCore", "NetworkStalled"]
 
@@ -87,11 +90,10 @@ class MemoryNetwork:
             self.add_lookupd(lookupd)
         return cluster
 
-    def attach(
-        self, core: ClientCore, on_event: Callable[[Event], None] | None = None
-    ) -> ClientCore:
-        """Connect a core to the network.  Its events are kept for :meth:`take_events`, or
-        handed to ``on_event`` (which may call back into the core, e.g. to FIN)."""
+    def attach(self, core: C, on_event: Callable[[Event], None] | None = None) -> C:
+        """Connect a core to the network and give it back (typed as given: a consumer's
+        ``finish``, a producer's ``publish``).  Its events are kept for :meth:`take_events`,
+        or handed to ``on_event`` (which may call back into the core, e.g. to FIN)."""
         self._clients.append(_Attached(core, on_event))
         return core
 
