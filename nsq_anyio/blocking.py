@@ -33,7 +33,7 @@ import nsq_client
 from nsq_client import Message as AsyncMessage
 from nsq_client._message import is_async_callable
 from nsq_client._options import chose_max_in_flight
-from nsq_proto import TraceReceipt
+from nsq_proto import ErrorReceived, LocalProtocolError, LookupFailed, TraceReceipt
 from nsq_proto._config import parse_client_addresses
 
 from ._consumer import Consumer as AsyncConsumer
@@ -74,7 +74,7 @@ class _Runner(Generic[C]):
 
     def open(self) -> None:
         if self._stack is not None:
-            raise RuntimeError(f"this {self._what} is already open")
+            raise LocalProtocolError(f"this {self._what} is already started")
         stack = ExitStack()
         try:
             portal = stack.enter_context(start_blocking_portal(self._backend))
@@ -94,27 +94,45 @@ class _Runner(Generic[C]):
         if stack is not None:
             stack.__exit__(exc_type, exc, tb)
 
+    def _outside(self) -> LocalProtocolError:
+        # the async API's error for the same mistake
+        return LocalProtocolError(
+            f"use the {self._what} inside its 'with' block (or between start() and close())"
+        )
+
     @property
     def client(self) -> C:
         if self._client is None:
-            raise RuntimeError(f"use the {self._what} inside its 'with' block")
+            raise self._outside()
         return self._client
 
     def call(self, func: Callable[..., Any], *args: Any) -> Any:
         portal = self._portal
         if portal is None:
-            raise RuntimeError(f"use the {self._what} inside its 'with' block")
+            raise self._outside()
         return portal.call(func, *args)
 
 
 class _Blocking(Generic[C]):
-    """``with`` plumbing: the thread starts on enter and is joined on exit."""
+    """``with`` plumbing: the thread starts on enter and is joined on exit (or on
+    :meth:`start` and :meth:`close`, for an object that lives as long as an application)."""
 
     _runner: _Runner[C]
 
     def __enter__(self) -> Self:
         self._runner.open()
         return self
+
+    def start(self) -> Self:
+        """Connect and start the event-loop thread, as entering the ``with`` block does; for an
+        object that lives as long as the application (a web application's producer, opened
+        at start-up).  Raises LocalProtocolError when it is started already."""
+        self._runner.open()
+        return self
+
+    def close(self) -> None:
+        """Stop as leaving the ``with`` block does and join the thread; nothing once closed."""
+        self._runner.close(None, None, None)
 
     def __exit__(
         self,
@@ -372,3 +390,47 @@ class Consumer(_Blocking[AsyncConsumer]):
             consumer.set_max_in_flight(max_in_flight)
 
         self._runner.call(change)
+
+    def is_starved(self) -> bool:
+        """Some connection has in-flight messages at >= 85 % of its RDY: nsqd sends no more
+        until the application answers some of those it holds."""
+        consumer = self._client()
+
+        async def starved() -> bool:
+            return consumer.is_starved()
+
+        result: bool = self._runner.call(starved)
+        return result
+
+    @property
+    def errors(self) -> list[ErrorReceived]:
+        """The latest error frames of nsqd (oldest first), as the async consumer keeps them."""
+        consumer = self._client()
+
+        async def errors() -> list[ErrorReceived]:
+            return list(consumer.errors)
+
+        result: list[ErrorReceived] = self._runner.call(errors)
+        return result
+
+    @property
+    def connection_errors(self) -> list[BaseException]:
+        """Why the latest connections failed or closed (oldest first): refused, reset, ..."""
+        consumer = self._client()
+
+        async def connection_errors() -> list[BaseException]:
+            return list(consumer.connection_errors)
+
+        result: list[BaseException] = self._runner.call(connection_errors)
+        return result
+
+    @property
+    def lookup_failures(self) -> list[LookupFailed]:
+        """The latest failed nsqlookupd requests (oldest first)."""
+        consumer = self._client()
+
+        async def lookup_failures() -> list[LookupFailed]:
+            return list(consumer.lookup_failures)
+
+        result: list[LookupFailed] = self._runner.call(lookup_failures)
+        return result
