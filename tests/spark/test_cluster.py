@@ -280,11 +280,19 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
     spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
 ) -> None:
     topic, per_node = f"cluster-{time.monotonic_ns()}", 3000
-    sent: list[bytes] = []
-    for i, node in enumerate(two_nsqd):
-        bodies = [f"n{i}-{j:05d}".encode() for j in range(per_node)]
-        publish(node, topic, bodies)
-        sent.extend(bodies)
+    per_node_bodies = [[f"n{i}-{j:05d}".encode() for j in range(per_node)] for i in range(2)]
+    sent = [b for bodies in per_node_bodies for b in bodies]
+    for node, bodies in zip(two_nsqd, per_node_bodies, strict=True):
+        publish(node, topic, bodies[:200])
+
+    def publish_the_rest() -> None:
+        # slowly, so that tasks hold messages whenever the executor is killed
+        for at in range(200, per_node, 40):
+            for node, bodies in zip(two_nsqd, per_node_bodies, strict=True):
+                publish(node, topic, bodies[at : at + 40])
+            time.sleep(0.1)
+
+    sender = threading.Thread(target=publish_the_rest, daemon=True)
     # what a killed task held comes back after msg_timeout
     driver = Driver(
         spark_cluster,
@@ -297,9 +305,10 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
     )
     watch = ClientWatch(two_nsqd, topic, spark_cluster, driver.proc.pid)
     killed: int | None = None
+    sender.start()
     try:
         # a few batches in, while a task holds messages: kill -9 the executor holding them
-        wait_for(lambda: len(driver.rows()) >= 500, timeout=120, interval=0.1)
+        wait_for(lambda: len(driver.rows()) >= 200, timeout=120, interval=0.1)
 
         def holding() -> int | None:
             for pid in _client_pids(two_nsqd, topic):
@@ -321,6 +330,7 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
             interval=0.5,
         )
     finally:
+        sender.join(120)
         watch.stop()
         driver.stop()
     copies = collections.Counter(r["body"] for r in rows)
