@@ -19,6 +19,7 @@ import contextlib
 import functools
 import math
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -241,6 +242,7 @@ async def serve_emulator(
             lookupd_listener = await _listen(host, lookupd_http_port)
             listeners.append(lookupd_listener)
             lk = Lookupd(broadcast_address=host, http_port=_port(lookupd_listener))
+            lk.set_wall_clock(time.time(), now)
             lookupds.append(lk)
             cluster.lookupd_http_addresses.append(f"{host}:{_port(lookupd_listener)}")
         pairs = []
@@ -257,6 +259,7 @@ async def serve_emulator(
                 tls=tls_context is not None or options.tls,
             )
             nsqd = Nsqd(options, now=now)
+            nsqd.set_wall_clock(time.time(), now)  # unless nsqd_options fix wall_clock_offset
             for lk in lookupds:
                 lk.register(nsqd)
             nsqds.append(nsqd)

@@ -55,7 +55,11 @@ nsqd over TCP
 ``max_msg_timeout``, ``max_heartbeat_interval``, ``heartbeat_interval``,
 ``max_output_buffer_size``, ``max_deflate_level``, ``snappy``, ``deflate``, ``tls``,
 ``tls_required``, ``auth``, addresses and ports, ``version``, ``partitioned``, ``node_id``,
-``wall_clock_offset``, ``queue_scan_refresh_interval``...).  ``auth`` is an
+``wall_clock_offset``, ``queue_scan_refresh_interval``...).  The servers read no clock: the
+Unix time of their ``now`` (message timestamps, ``/stats``, HTTP dates) is the host's wall
+clock once it calls ``set_wall_clock(unix_time, now)`` (``serve_emulator`` does,
+``MemoryNetwork(wall_clock=time.time)`` too), unless ``wall_clock_offset`` fixes it, and
+``FIXED_EPOCH + now`` when neither says.  ``auth`` is an
 :data:`Authorizer`: ``AuthRequest -> AuthState | None`` (``None`` = the auth server failed);
 an ``AuthState(identity, identity_url, authorizations, ttl)`` lists ``Authorization(topic,
 channels, permissions)`` entries (regular expressions, as the auth server sends them), and
@@ -90,8 +94,9 @@ lose_messages=False, failover=True)``, ``start_node(i, now)``, ``next_deadline()
 &partition=`` and ``/listlookup``.
 
 :class:`MemoryNetwork` wires client cores (``nsq_proto.Consumer``/``Producer``) to emulated
-servers in memory on a virtual clock, with no socket; it raises :class:`NetworkStalled`
-instead of looping forever.
+servers in memory on a virtual clock, with no socket (``wall_clock=time.time`` gives its
+servers the wall clock's dates); it raises :class:`NetworkStalled` instead of looping
+forever.
 """
 
 from ._cluster import Cluster as Cluster
@@ -107,6 +112,7 @@ from ._nsqd import MessageInfo as MessageInfo
 from ._nsqd import Nsqd as Nsqd
 from ._nsqd import NsqdStopped as NsqdStopped
 from ._nsqd import TopicStats as TopicStats
+from ._options import FIXED_EPOCH as FIXED_EPOCH
 from ._options import Authorization as Authorization
 from ._options import Authorizer as Authorizer
 from ._options import AuthRequest as AuthRequest
@@ -125,6 +131,7 @@ __all__ = [
     "ClientState",
     "ClientStats",
     "Cluster",
+    "FIXED_EPOCH",
     "HttpResponse",
     "HttpServerConnection",
     "Lookupd",

@@ -31,7 +31,7 @@ from ._http import (
     topic_channel_args,
 )
 from ._nsqd import Nsqd
-from ._options import PARTITIONED_VERSION, STANDARD_VERSION
+from ._options import FIXED_EPOCH, PARTITIONED_VERSION, STANDARD_VERSION
 from ._util import go_json, http_date
 
 __all__ = ["Coordinator", "Lookupd", "Peer"]
@@ -116,7 +116,7 @@ class Lookupd:
         version: str | None = None,
         partitioned: bool = False,
         tombstone_lifetime: float = 45.0,
-        wall_clock_offset: float = 1_700_000_000.0,
+        wall_clock_offset: float | None = None,
         rpc_port: int = 4162,
     ) -> None:
         self.broadcast_address = broadcast_address
@@ -127,7 +127,10 @@ class Lookupd:
         self.partitioned = partitioned
         self.version = version or (PARTITIONED_VERSION if partitioned else STANDARD_VERSION)
         self.tombstone_lifetime = tombstone_lifetime
+        #: added to ``now`` to get the Unix time of HTTP dates; None: the host's wall clock
+        #: (:meth:`set_wall_clock`), else :data:`FIXED_EPOCH`
         self.wall_clock_offset = wall_clock_offset
+        self._fixed_offset = wall_clock_offset is not None
         #: the partitioned cluster this nsqlookupd answers for, if any
         self.cluster: Coordinator | None = None
         self.running = True
@@ -143,6 +146,12 @@ class Lookupd:
         return f"<Lookupd {self.broadcast_address}:{self.http_port} peers={len(self._peers)}>"
 
     # -- registration -----------------------------------------------------------------------------
+
+    def set_wall_clock(self, unix_time: float, now: float) -> None:
+        """The host's wall clock reads ``unix_time`` at ``now``: HTTP dates follow it, unless
+        ``wall_clock_offset`` was given."""
+        if not self._fixed_offset:
+            self.wall_clock_offset = unix_time - now
 
     def register(self, nsqd: Nsqd, *, remote_address: str | None = None) -> Peer:
         """Connect ``nsqd`` to this lookupd: it registers now and on every change."""
@@ -270,7 +279,8 @@ class Lookupd:
         self.request_count += 1
         if now is not None:
             self._now = max(self._now, now)
-        date = None if now is None else http_date(self.wall_clock_offset + now)
+        offset = FIXED_EPOCH if self.wall_clock_offset is None else self.wall_clock_offset
+        date = None if now is None else http_date(offset + now)
         req = Request(method, target, headers, body)
         found = route(self._routes(), req, date)
         if isinstance(found, HttpResponse):

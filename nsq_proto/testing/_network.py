@@ -58,8 +58,18 @@ class _Attached:
 class MemoryNetwork:
     """Moves bytes between attached cores and the emulated servers; owns the clock."""
 
-    def __init__(self, *, now: float = 0.0, max_steps: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        now: float = 0.0,
+        max_steps: int = 100_000,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
         self.now = now
+        #: the host's wall clock (e.g. ``time.time``): the Unix time of the servers' ``now``
+        #: (message timestamps, ``/stats``, HTTP dates) is read from it once, when each server
+        #: is added; None: each server's ``wall_clock_offset``, else ``FIXED_EPOCH``
+        self.wall_clock = wall_clock
         self.max_steps = max_steps
         self.nsqds: dict[tuple[str, int], Nsqd] = {}
         self.lookupds: dict[tuple[str, int], Lookupd] = {}
@@ -74,11 +84,15 @@ class MemoryNetwork:
         """Reachable at ``broadcast_address:tcp_port`` (TCP) and ``:http_port`` (HTTP)."""
         opts = nsqd.options
         self.nsqds[(opts.broadcast_address, opts.tcp_port)] = nsqd
+        if self.wall_clock is not None:
+            nsqd.set_wall_clock(self.wall_clock(), self.now)
         return nsqd
 
     def add_lookupd(self, lookupd: Lookupd) -> Lookupd:
         """Reachable at ``broadcast_address:http_port``."""
         self.lookupds[(lookupd.broadcast_address, lookupd.http_port)] = lookupd
+        if self.wall_clock is not None:
+            lookupd.set_wall_clock(self.wall_clock(), self.now)
         return lookupd
 
     def add_cluster(self, cluster: Cluster) -> Cluster:

@@ -22,7 +22,7 @@ from .._names import is_valid_channel_name, is_valid_topic_name
 from ._http import HttpError, HttpResponse, HttpServerConnection
 from ._node import Placement, Registry
 from ._nsqd_http import handle_request, stats_object
-from ._options import NsqdOptions
+from ._options import FIXED_EPOCH, NsqdOptions
 from ._partitioned import PartitionedConnection
 from ._protocol import NsqdConnection
 from ._store import Channel, StoredMessage, Topic
@@ -130,6 +130,9 @@ class Nsqd:
         self._now = now
         #: ``now`` when the process started (``start_time`` in ``/stats`` and ``/info``)
         self.started_at = now
+        #: added to ``now`` to get the Unix time: ``options.wall_clock_offset``; when that is
+        #: None, the host sets it from its wall clock (see :meth:`set_wall_clock`)
+        self.wall_clock_offset: float | None = self.options.wall_clock_offset
         self._depth = 0
         #: the nsqlookupd this nsqd is registered with (see ``Lookupd.register``)
         self.lookupds: list[Registry] = []
@@ -142,9 +145,21 @@ class Nsqd:
 
     # -- clock -----------------------------------------------------------------------------
 
+    def set_wall_clock(self, unix_time: float, now: float) -> None:
+        """The host's wall clock reads ``unix_time`` at ``now``: timestamps follow it, unless
+        ``options.wall_clock_offset`` fixes them."""
+        if self.options.wall_clock_offset is None:
+            self.wall_clock_offset = unix_time - now
+
+    def unix_time(self, now: float) -> float:
+        """The Unix time (s) that ``now`` stands for."""
+        offset = self.wall_clock_offset
+        return (FIXED_EPOCH if offset is None else offset) + now
+
     def unix_ns(self, now: float) -> int:
         """The Unix time in ns that ``now`` stands for (message timestamps)."""
-        return int(self.options.wall_clock_offset * 1e9) + round(now * 1e9)
+        offset = self.wall_clock_offset
+        return int((FIXED_EPOCH if offset is None else offset) * 1e9) + round(now * 1e9)
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`handle_timer` has work to do, or ``None``."""

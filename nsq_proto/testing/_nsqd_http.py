@@ -57,6 +57,9 @@ class HttpNode(Protocol):
 
     def http_existing_topic(self, name: str, partition: int = ...) -> Topic | None: ...
 
+    def unix_time(self, now: float) -> float:
+        """The Unix time (s) that ``now`` stands for."""
+
     def new_message(self, topic: Topic, body: bytes, now: float) -> StoredMessage: ...
 
     def put(self, topic: Topic, msg: StoredMessage, now: float) -> None: ...
@@ -78,7 +81,7 @@ Handler = Callable[[HttpNode, Request, float], Any]
 
 
 def _unix(nsqd: HttpNode, now: float) -> float:
-    return nsqd.options.wall_clock_offset + now
+    return nsqd.unix_time(now)
 
 
 def handle_request(
@@ -413,7 +416,7 @@ def _client_json(conn: NsqdConnection, topic_filter: str, wall: float) -> dict[s
 def stats_object(
     nsqd: HttpNode, topic_filter: str, channel_filter: str, include_clients: bool, include_mem: bool
 ) -> dict[str, Any]:
-    wall = nsqd.options.wall_clock_offset
+    wall = nsqd.unix_time(0.0)
     mem_size = nsqd.options.mem_queue_size
     topics_json: list[dict[str, Any]] | None
     topics = sorted(nsqd.topics.values(), key=lambda t: (t.name, t.partition))
@@ -487,7 +490,7 @@ def stats_object(
 
 
 def _stats_text(nsqd: HttpNode, obj: dict[str, Any], now: float) -> str:
-    wall = nsqd.options.wall_clock_offset
+    wall = nsqd.unix_time(0.0)
     lines = [
         f"nsqd v{nsqd.options.server_version} (emulated)",
         f"start_time {rfc3339(wall + nsqd.started_at)}",

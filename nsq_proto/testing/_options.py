@@ -15,12 +15,16 @@ __all__ = [
     "static_authorizer",
     "STANDARD_VERSION",
     "PARTITIONED_VERSION",
+    "FIXED_EPOCH",
 ]
 
 #: the version string of the standard server the captures were taken from
 STANDARD_VERSION = "1.3.0"
 #: the version string of the partitioned server described by the partitioned NSQ notes
 PARTITIONED_VERSION = "0.3.7-HA.1.13.0"
+#: the Unix time at ``now == 0`` of a server given neither ``wall_clock_offset`` nor a wall
+#: clock by its host (2023-11-14 22:13:20 UTC)
+FIXED_EPOCH = 1_700_000_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +141,10 @@ class NsqdOptions:
     partitioned: bool = False
     #: the node id mixed into standard message ids (nsqd's ``--node-id``, 0..1023)
     node_id: int = 0
-    #: added to ``now`` to get the Unix time of message timestamps, ids and HTTP dates
-    wall_clock_offset: float = 1_700_000_000.0
+    #: added to ``now`` to get the Unix time of message timestamps, ids and HTTP dates.  None:
+    #: the host's wall clock (``serve_emulator``, ``MemoryNetwork(wall_clock=time.time)``),
+    #: else :data:`FIXED_EPOCH`; a number gives the same timestamps on every run
+    wall_clock_offset: float | None = None
     #: 0 means unlimited (nsqd's ``--max-channel-consumers``)
     max_channel_consumers: int = 0
     #: messages beyond this many per queue are reported as ``backend_depth``
