@@ -98,6 +98,7 @@ class Consumer(ClientBase):
         self.connection_errors: deque[BaseException] = deque(maxlen=_KEEP_ERRORS)
         #: the latest answer of a lookupd (None before the first)
         self.last_lookup: LookupSucceeded | None = None
+        self._told_topic_missing = False
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         backend = self._backend
@@ -219,6 +220,16 @@ class Consumer(ClientBase):
             log.warning("nsqd error on connection %d: %s %s", event.conn_id, event.code, event.text)
         elif isinstance(event, LookupSucceeded):
             self.last_lookup = event
+            if not event.topic_found and not self._told_topic_missing:
+                self._told_topic_missing = True
+                log.info(
+                    "topic %r does not exist yet (lookupd %s:%d): asking again soon, "
+                    "from every %.0f s up to every %.0f s",
+                    self.topic,
+                    *event.address,
+                    self.config.lookupd_recheck_delay,
+                    self.config.lookupd_poll_interval,
+                )
         elif isinstance(event, LookupFailed):
             self.lookup_failures.append(event)
             log.warning("lookupd %s:%d failed: %s", *event.address, event.error)

@@ -268,7 +268,8 @@ class ConsumerConfig(ConnectionConfig):
     lookupd_poll_timeout: float = 60.0
     #: after losing a connection found through lookupd, ask lookupd again this soon (go-nsq
     #: asks at once); doubled while the nsqd stays away, up to lookupd_poll_interval, so a
-    #: flapping nsqd cannot make the consumer ask more than once a this-long
+    #: flapping nsqd cannot make the consumer ask more than once a this-long; the same
+    #: schedule while no lookupd lists any nsqd for the topic (started before its topic)
     lookupd_recheck_delay: float = 1.0
     low_rdy_idle_timeout: float = 10.0
     low_rdy_timeout: float = 30.0

@@ -144,6 +144,8 @@ class Consumer(MultiConnectionCore[_Conn]):
         #: connections found through lookupd that were lost and have not come back
         self._lost_keys: set[str] = set()
         self._recheck_attempt = 0
+        #: lookups in a row that listed no nsqd while the consumer had none
+        self._empty_lookups = 0
         self._rdy = RdyPlanner(
             self._conns,
             self._timers,
@@ -303,7 +305,22 @@ class Consumer(MultiConnectionCore[_Conn]):
                 continue  # partition-pinned consumers skip nodes without partitions
             keys.append(producer.key)
             self._connect(producer.address, None, now)
-        self._outputs.append(LookupSucceeded(address, tuple(keys)))
+        if keys or self._by_key:
+            self._empty_lookups = 0
+        elif (TimerKind.LOOKUPD_RECHECK, None) not in self._timers:
+            self._poll_soon(now)  # (a recheck after a loss asks soon already)
+        self._outputs.append(LookupSucceeded(address, tuple(keys), result.topic_found))
+
+    def _poll_soon(self, now: float) -> None:
+        """No nsqd for the topic yet (a consumer started before its topic): ask lookupd
+        again at ``lookupd_recheck_delay``, doubling up to the poll interval, so that the
+        first nsqd to have the topic is found within seconds, not at the next poll."""
+        cfg = self.config
+        delay = cfg.lookupd_recheck_delay * 2.0**self._empty_lookups
+        if delay < cfg.lookupd_poll_interval:
+            self._empty_lookups += 1
+            jitter = self._rng.random() * cfg.lookupd_poll_jitter * delay
+            self.poll_lookupd_now(now, delay + jitter)
 
     # ------------------------------------------------------------------ start positions
 

@@ -175,10 +175,15 @@ class StartFromFailed(Event):
 
 @dataclass(frozen=True, slots=True)
 class LookupSucceeded(Event):
-    """One lookupd poll answered; ``producers`` are the ``host:port`` keys it listed."""
+    """One lookupd poll answered; ``producers`` are the ``host:port`` keys it listed.
+
+    ``topic_found`` is False when lookupd does not know the topic yet (``TOPIC_NOT_FOUND``:
+    no nsqd has had it); while no lookupd lists an nsqd for the topic, the consumer asks
+    again soon (from ``lookupd_recheck_delay``, doubling up to ``lookupd_poll_interval``)."""
 
     address: tuple[str, int]
     producers: tuple[str, ...]
+    topic_found: bool = True
 
 
 @dataclass(frozen=True, slots=True)

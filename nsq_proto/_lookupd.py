@@ -137,6 +137,8 @@ class LookupResult:
     partitions: Mapping[int, Peer] = field(default_factory=_empty_partitions, hash=False)
     #: partitioned server only, and only when ``metainfo`` was asked for
     meta: TopicMeta | None = None
+    #: False when lookupd answered ``TOPIC_NOT_FOUND`` (no nsqd has had the topic yet)
+    topic_found: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -603,7 +605,7 @@ def parse_lookup_response(status: int, body: bytes) -> LookupResult:
     if status != 200:
         text = _error_text(body)
         if status in (404, 500) and text == _TOPIC_NOT_FOUND:
-            return LookupResult()
+            return LookupResult(topic_found=False)
         detail = f": {text}" if text else ""
         raise LookupdError(f"lookup failed with HTTP {status}{detail}")
     if not body.strip():
@@ -611,7 +613,7 @@ def parse_lookup_response(status: int, body: bytes) -> LookupResult:
     code, text, data = _envelope(_decode_json(body, "lookup response"), "lookup response")
     if code != 200:
         if text == _TOPIC_NOT_FOUND:
-            return LookupResult()
+            return LookupResult(topic_found=False)
         raise LookupdError(f"lookup failed with status_code {code}: {text}")
     obj = _object(data, "lookup data")
     producers = _array(

@@ -4,6 +4,7 @@ at the binaries (or they are on PATH); skipped otherwise, with the reason."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -165,6 +166,35 @@ async def test_graceful_stop_loses_nothing(
     ) as consumer:
         rest = await consume(consumer, len(bodies) - len(finished))
     assert sorted(finished + [m.body for m in rest]) == sorted(bodies)
+
+
+@pytest.mark.anyio
+async def test_a_consumer_started_before_its_topic_gets_the_first_message_within_seconds(
+    servers: Servers, lib: ModuleType, way: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """lookupd answers TOPIC_NOT_FOUND until nsqd has the topic: the consumer asks again soon
+    (not at the next 60 s poll), and says once, at INFO, that the topic does not exist yet."""
+    topic = f"later_{way[0]}_{way[1]}_{time.monotonic_ns()}"
+    got: list[float] = []
+
+    async def handler(message: Any) -> None:
+        got.append(time.monotonic())
+
+    caplog.set_level(logging.INFO, logger="nsq")
+    async with lib.Consumer(topic, "c", lookupd_http_addresses=[servers.lookupd_http]) as consumer:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.run, handler)
+            await anyio.sleep(2.5)  # several lookups find nothing meanwhile
+            async with lib.Producer(nsqd_tcp_addresses=[servers.nsqd_tcp]) as producer:
+                await producer.publish(topic, b"first")
+            published = time.monotonic()
+            with anyio.fail_after(30):
+                while not got:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    said = [r.getMessage() for r in caplog.records if "does not exist yet" in r.getMessage()]
+    assert len(said) == 1 and topic in said[0]
+    assert got[0] - published < 10.0  # the next 60 s poll would be 57+ s away
 
 
 @pytest.mark.anyio

@@ -14,7 +14,13 @@ from nsq_proto import (
 )
 from nsq_proto._config import ConfigError
 from nsq_proto._consumer import Consumer, ConsumerConfig, parse_address
-from nsq_proto._events import BackoffChanged, LookupFailed, MessageGivenUp, Stopped
+from nsq_proto._events import (
+    BackoffChanged,
+    LookupFailed,
+    LookupSucceeded,
+    MessageGivenUp,
+    Stopped,
+)
 from nsq_proto._outputs import Close, Connect, HttpRequest
 from nsq_proto._timers import TimerKind
 
@@ -366,6 +372,46 @@ def test_lookupd_poll_connects_and_reconnects_only_when_listed_again() -> None:
     reqs = [o for o in core.outputs() if isinstance(o, HttpRequest)]
     core.http_data(reqs[0].request_id, http_response(LOOKUP_BODY), poll_at)
     assert [(c.host, c.port) for c in core.outputs() if isinstance(c, Connect)] == [("n1", 4150)]
+
+
+def test_a_topic_lookupd_does_not_know_yet_is_asked_for_again_soon() -> None:
+    """Started before its topic exists: lookupd answers TOPIC_NOT_FOUND, and the consumer
+    asks again at 1 s, 2 s, 4 s... (not at the next 60 s poll) until an nsqd has it."""
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(lookupd_poll_interval=60.0, lookupd_poll_jitter=0.0),
+        lookupd_http_addresses=["l1:4161"],
+    )
+    core.start(0.0)
+    now, asked_at = 0.0, []
+
+    def next_request() -> HttpRequest:
+        nonlocal now
+        while not (reqs := [o for o in core.outputs() if isinstance(o, HttpRequest)]):
+            deadline = core.next_deadline()
+            assert deadline is not None
+            now = deadline
+            core.handle_timer(now)
+        (req,) = reqs
+        return req
+
+    for _ in range(7):
+        req = next_request()
+        asked_at.append(now)
+        core.http_data(
+            req.request_id, http_response(b'{"message":"TOPIC_NOT_FOUND"}', b"404 Not Found"), now
+        )
+        (found,) = [o for o in core.outputs() if isinstance(o, LookupSucceeded)]
+        assert found.producers == () and found.topic_found is False
+    assert asked_at == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 63.0]  # the poll interval at last
+    # the topic appears: connected, and the regular interval again
+    req = next_request()
+    core.http_data(req.request_id, http_response(LOOKUP_BODY), now)
+    out = core.outputs()
+    assert len([o for o in out if isinstance(o, Connect)]) == 2
+    assert [o.topic_found for o in out if isinstance(o, LookupSucceeded)] == [True]
+    assert core._timers.deadline((TimerKind.LOOKUPD_POLL, None)) == now + 60.0
 
 
 def test_hostile_lookupd_answer_is_a_failed_poll() -> None:

@@ -479,7 +479,9 @@ def test_results_are_immutable_and_hashable() -> None:
         result.partitions[5] = producer("x")  # type: ignore[index]
     assert isinstance(hash(result), int)
     assert result.meta == TopicMeta(partition_num=2, replica=2, extend_support=True)
-    assert LookupResult() == parse_lookup_response(404, b'{"message":"TOPIC_NOT_FOUND"}')
+    assert LookupResult(topic_found=False) == parse_lookup_response(
+        404, b'{"message":"TOPIC_NOT_FOUND"}'
+    )
 
 
 def test_lookupd_node_http_address() -> None:
