@@ -18,16 +18,17 @@ from nsq_client.exports import __all__ as _exports
 from ._consumer import Consumer as Consumer
 from ._producer import Producer as Producer
 
-__all__ = [*_exports, "Consumer", "Producer", "serve_emulator"]
+__all__ = [*_exports, "Consumer", "EmulatorCluster", "Producer", "serve_emulator"]
 
 if TYPE_CHECKING:  # imported on first use (below); typed for the application
+    from ._server import EmulatorCluster as EmulatorCluster
     from ._server import serve_emulator as serve_emulator
 
 
 def __getattr__(name: str) -> object:
     # the emulator host is imported on first use: the client itself does not need it
-    if name == "serve_emulator":
-        from ._server import serve_emulator
+    if name in ("serve_emulator", "EmulatorCluster"):
+        from . import _server
 
-        return serve_emulator
+        return getattr(_server, name)
     raise AttributeError(name)

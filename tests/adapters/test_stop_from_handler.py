@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from nsq_anyio import serve_emulator
+from nsq_anyio import EmulatorCluster
 from nsq_anyio.blocking import Consumer as BlockingConsumer
 from nsq_anyio.blocking import Message as BlockingMessage
 
@@ -27,38 +27,39 @@ pytestmark = pytest.mark.anyio
 BODIES = [b"%d" % i for i in range(20)]
 
 
+@pytest.mark.nsq_emulator(lookupd=False)
 async def test_stop_from_a_handler_returns_at_once_and_finishes_the_callers_message(
-    lib: ModuleType,
+    lib: ModuleType, nsq_emulator: EmulatorCluster
 ) -> None:
-    async with serve_emulator(lookupd=False) as cluster:
-        addresses = cluster.nsqd_tcp_addresses
-        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
-            await producer.publish_many("t", BODIES)
-        handled: Counter[bytes] = Counter()
-        stop_took: list[float] = []
+    cluster = nsq_emulator
+    addresses = cluster.nsqd_tcp_addresses
+    async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
+        await producer.publish_many("t", BODIES)
+    handled: Counter[bytes] = Counter()
+    stop_took: list[float] = []
 
-        async def handler(message: Any) -> None:
-            handled[message.body] += 1
-            if message.body == b"5":
-                started = time.monotonic()
-                await consumer.stop()
-                stop_took.append(time.monotonic() - started)
+    async def handler(message: Any) -> None:
+        handled[message.body] += 1
+        if message.body == b"5":
+            started = time.monotonic()
+            await consumer.stop()
+            stop_took.append(time.monotonic() - started)
 
-        started = time.monotonic()
-        with anyio.fail_after(20):
-            async with lib.Consumer(
-                "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=4, stop_timeout=30.0
-            ) as consumer:
-                await consumer.run(handler, concurrency=4)
-                run_took = time.monotonic() - started
-        stats = cluster.nsqds[0].channel_stats("t", "c")
-        # a second consumer gets exactly what the first did not finish
-        rest: Counter[bytes] = Counter()
-        async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses) as second:
-            with anyio.move_on_after(2):
-                async for message in second:
-                    rest[message.body] += 1
-                    await message.finish()
+    started = time.monotonic()
+    with anyio.fail_after(20):
+        async with lib.Consumer(
+            "t", "c", nsqd_tcp_addresses=addresses, max_in_flight=4, stop_timeout=30.0
+        ) as consumer:
+            await consumer.run(handler, concurrency=4)
+            run_took = time.monotonic() - started
+    stats = cluster.nsqds[0].channel_stats("t", "c")
+    # a second consumer gets exactly what the first did not finish
+    rest: Counter[bytes] = Counter()
+    async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses) as second:
+        with anyio.move_on_after(2):
+            async for message in second:
+                rest[message.body] += 1
+                await message.finish()
     assert stop_took and stop_took[0] < 1.0  # not stop_timeout
     assert run_took < 5.0
     assert handled[b"5"] == 1 and b"5" not in rest  # the caller's message was finished
