@@ -8,7 +8,7 @@ import json
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nsq_proto import LocalProtocolError
 from nsq_proto import Message as CoreMessage
@@ -16,7 +16,20 @@ from nsq_proto import Message as CoreMessage
 from ._backend import Backend, EventLike
 
 if TYPE_CHECKING:
-    from ._consumer import Consumer
+    from ._driver import Driver
+
+
+class _Answers(Protocol):
+    """What a message needs of the consumer that delivered it (:class:`Consumer`): its
+    answers go to the consumer's core, and out through its driver."""
+
+    _driver: Driver
+
+    def _finish(self, message: Message) -> bool: ...
+
+    def _requeue(self, message: Message, delay: float | None, backoff: bool) -> bool: ...
+
+    def _touch(self, message: Message) -> None: ...
 
 __all__ = ["GiveUpHook", "Handler", "Message"]
 
@@ -31,7 +44,7 @@ class _Origin:
     __slots__ = ("conn_id", "consumer", "nsqd_address", "partition")
 
     def __init__(
-        self, consumer: Consumer, conn_id: int, nsqd_address: str, partition: int | None
+        self, consumer: _Answers, conn_id: int, nsqd_address: str, partition: int | None
     ) -> None:
         self.consumer = consumer
         self.conn_id = conn_id
@@ -51,7 +64,7 @@ class Message:
         self._responded = False
 
     @property
-    def _consumer(self) -> Consumer:
+    def _consumer(self) -> _Answers:
         return self._origin.consumer
 
     @property
