@@ -31,6 +31,7 @@ class _Answers(Protocol):
 
     def _touch(self, message: Message) -> None: ...
 
+
 __all__ = ["GiveUpHook", "Handler", "Message"]
 
 #: answers given by an application task without waiting are sent together; every this many
