@@ -185,3 +185,10 @@ def test_a_consumer_names_the_http_port_too() -> None:
     core.receive_data(connect.conn_id, HTTP_ANSWER, 0.1)
     (closed,) = [o for o in core.outputs() if isinstance(o, ConnectionClosed)]
     assert str(closed.error) == EXPECTED_HTTP
+
+
+def test_what_is_not_a_list_of_addresses_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^nsqd_tcp_addresses must be a list of .* not None$"):
+        Producer(nsqd_tcp_addresses=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"is not a \(host, port\) pair$"):
+        Producer(nsqd_tcp_addresses=[("http://n1", 4150)])
