@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
@@ -23,7 +28,17 @@ from ._options import parse_sink_options, parse_source_options
 from ._sink import NSQStreamWriter, NSQWriter, check_sink_schema
 from ._source import NSQStreamReader, RefusingStreamReader
 
-__all__ = ["NSQDataSource", "SCHEMA"]
+__all__ = ["NSQDataSource", "SCHEMA", "BATCH_READ_ERROR", "use_this_interpreter"]
+
+log = logging.getLogger("nsq_spark")
+
+#: what ``spark.read.format("nsq")`` (a batch read) raises
+BATCH_READ_ERROR = (
+    "the nsq source reads streams only (reading a queue consumes it, so a batch DataFrame would "
+    "take messages away each time it is computed): read the messages waiting now with "
+    'spark.readStream.format("nsq") and .trigger(availableNow=True), which ends once it has '
+    "read them, into a sink such as parquet or foreachBatch"
+)
 
 #: the rows of ``spark.readStream.format("nsq")``
 SCHEMA = StructType(
@@ -58,12 +73,18 @@ class NSQDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        # ``spark.dataSource.register`` asks the name on the driver, just before it hands the
+        # class to Spark with the interpreter its Python workers will run
+        use_this_interpreter()
         return "nsq"
 
     def schema(self) -> StructType:
         # Spark asks for the schema when ``.load()`` runs: the options fail here, at once
         parse_source_options(self.options)
         return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        raise NotImplementedError(BATCH_READ_ERROR)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         try:
@@ -93,3 +114,35 @@ class NSQDataSource(DataSource):
 def _check_write(schema: StructType, overwrite: bool) -> None:
     if overwrite:
         raise ValueError("an nsq topic cannot be overwritten: write with mode 'append'")
+
+
+def use_this_interpreter() -> None:
+    """Make Spark's Python workers run this interpreter when the user chose none.
+
+    Spark starts its Python workers (which unpickle the data source, so they must import
+    ``nsq_spark``) with ``PYSPARK_PYTHON``, or ``python3`` from the ``PATH`` when it is not
+    set: not the virtual environment of a job started as ``.venv/bin/python job.py``.  With a
+    local master (every worker on this machine) and neither ``PYSPARK_PYTHON`` nor
+    ``spark.pyspark.python`` set, the active SparkContext's workers run ``sys.executable``
+    instead; with another master the workers' Python is the cluster's business, and a
+    warning says what to set.  Nothing happens without an active SparkContext (in a Python
+    worker, or a Spark Connect client)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pragma: no cover (pyspark is what calls this)
+        return
+    sc = SparkContext._active_spark_context
+    if sc is None or sc.pythonExec != "python3" or os.environ.get("PYSPARK_PYTHON"):
+        return
+    if not sys.executable or sc.getConf().get("spark.pyspark.python"):
+        return
+    if (sc.master or "").startswith("local"):
+        sc.pythonExec = sys.executable
+        log.info("Spark's Python workers run %s (PYSPARK_PYTHON is not set)", sys.executable)
+    else:
+        log.warning(
+            "PYSPARK_PYTHON is not set: Spark's Python workers on the executors run python3, "
+            "which must import nsq_spark; set PYSPARK_PYTHON (or spark.pyspark.python) to a "
+            "Python that has it on every worker (this one is %s)",
+            sys.executable,
+        )

@@ -401,6 +401,26 @@ def test_bad_source_options_fail_at_load(
     assert error in last_line(info.value)
 
 
+def test_a_batch_read_says_to_read_a_stream_with_available_now(spark: Any) -> None:
+    df = (
+        spark.read.format("nsq")
+        .option("nsqd_tcp_addresses", "127.0.0.1:4150")
+        .option("nsqd_http_addresses", "127.0.0.1:4151")
+        .option("topic", "t")
+        .option("channel", "c")
+        .load()
+    )
+    with pytest.raises(Exception) as info:
+        df.collect()
+    assert last_line(info.value) == (
+        "NotImplementedError: the nsq source reads streams only (reading a queue consumes it, so"
+        " a batch DataFrame would take messages away each time it is computed): read the"
+        ' messages waiting now with spark.readStream.format("nsq") and'
+        " .trigger(availableNow=True), which ends once it has read them, into a sink such as"
+        " parquet or foreachBatch"
+    )
+
+
 def test_an_unreachable_nsqd_fails_the_query_after_connect_timeout(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -455,7 +475,10 @@ def test_a_failed_publish_fails_the_write_after_one_try_on_local(
             )
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
-    assert "PublishTimeout: publish 1 not acknowledged in time" in last_line(info.value)
+    # every nsqd refused: the write fails at once, naming the refusal (not after the timeout)
+    line = last_line(info.value)
+    assert f"could not connect to any nsqd: connecting to {address} failed" in line, line
+    assert "connection refused" in line, line
     # local[N] tries a task once (local[N,M]: M times; a cluster: spark.task.maxFailures)
     assert context.master == "local[2]"
     tracker = context.statusTracker()
