@@ -3,13 +3,17 @@ streams ``format("nsq")`` (the ``k=v`` options) into parquet files at OUT until 
 or until a line ``stop`` on its standard input stops the query (``query.stop()``) and Spark.
 The driver tests run it in a process of its own to kill it.  ``NSQ_SPARK_MASTER`` is the
 master (default ``local[2]``); ``NSQ_SPARK_SELECT`` the SQL expressions written, separated by ``;``
-(default: every column)."""
+(default: every column); ``NSQ_SPARK_PAUSE`` seconds that each task waits once the source
+gave it its first rows, before it writes them (the source has staged and FINished them then).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 
 def main(argv: list[str]) -> None:
@@ -42,6 +46,18 @@ def main(argv: list[str]) -> None:
     select = os.environ.get("NSQ_SPARK_SELECT")
     if select:
         df = df.selectExpr(*select.split(";"))
+    pause = float(os.environ.get("NSQ_SPARK_PAUSE") or 0)
+    if pause:
+
+        def paused(batches: Iterator[Any]) -> Iterator[Any]:
+            import time
+
+            for i, batch in enumerate(batches):
+                if i == 0:
+                    time.sleep(pause)
+                yield batch
+
+        df = df.mapInArrow(paused, df.schema)
     query = (
         df.writeStream.format("parquet")
         .option("path", out)

@@ -96,11 +96,13 @@ class Driver:
 
     def __init__(
         self,
-        cluster: Cluster,
+        master: str,
         nodes: list[RealNSQD],
         topic: str,
         tmp: Path,
         select: str,
+        *,
+        env: dict[str, str] | None = None,
         **extra: object,
     ) -> None:
         self.out, self.checkpoint = tmp / "out", tmp / "cp"
@@ -112,10 +114,11 @@ class Driver:
             "staging_location": str(tmp / "staging"),
             **{k: str(v) for k, v in extra.items()},
         }
-        env = spark_env()
-        env["NSQ_SPARK_MASTER"] = cluster.master
-        env["NSQ_SPARK_SELECT"] = select
-        self.log = (tmp / "driver.log").open("wb")
+        environ = spark_env()
+        environ["NSQ_SPARK_MASTER"] = master
+        environ["NSQ_SPARK_SELECT"] = select
+        environ.update(env or {})
+        self.log = (tmp / "driver.log").open("ab")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -126,7 +129,7 @@ class Driver:
                 *(f"{k}={v}" for k, v in options.items()),
             ],
             cwd=ROOT,
-            env=env,
+            env=environ,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=self.log,
@@ -147,6 +150,20 @@ class Driver:
             self.proc.stdin.close()
         for pid in _alive(family):
             os.kill(pid, signal.SIGKILL)
+        self.log.close()
+
+    def kill(self) -> None:
+        """``kill -9`` the driver; returns once it and every process it started are gone."""
+        family = _descendants(self.proc.pid)
+        self.proc.kill()
+        self.proc.wait(timeout=60)
+        try:
+            wait_for(lambda: not _alive(family), timeout=60, interval=0.1)
+        finally:
+            for pid in _alive(family):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         self.log.close()
 
     def batches(self) -> list[list[dict[str, Any]]]:
@@ -295,7 +312,7 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
     sender = threading.Thread(target=publish_the_rest, daemon=True)
     # what a killed task held comes back after msg_timeout
     driver = Driver(
-        spark_cluster,
+        spark_cluster.master,
         two_nsqd,
         topic,
         tmp_path,
@@ -353,7 +370,9 @@ def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
         bodies = [f"n{i}-{j:05d}-".encode().ljust(size, b"x") for j in range(per_node)]
         publish(node, topic, bodies)
         sent.extend(b[:12] for b in bodies)
-    driver = Driver(spark_cluster, two_nsqd, topic, tmp_path, "substr(body, 1, 12) as head;id")
+    driver = Driver(
+        spark_cluster.master, two_nsqd, topic, tmp_path, "substr(body, 1, 12) as head;id"
+    )
     try:
         wait_for(lambda: {r["head"] for r in driver.rows()} == set(sent), timeout=150, interval=0.5)
         batches = [b for b in driver.batches() if b]

@@ -1,0 +1,322 @@
+"""The source and sink as applications use them: a job started with the virtual environment's
+Python (not activated), ``availableNow`` while publishing goes on, and a driver killed in the
+middle of a batch read on the executors, then started again from its checkpoint."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .helpers import Emulator, wait_for
+from .test_cluster import Driver
+from .test_driver_restarts import NSQD, RealNSQD
+
+pytestmark = pytest.mark.spark
+
+CHANNEL = "spark"
+needs_nsqd = pytest.mark.skipif(not NSQD, reason="no real nsqd: set NSQD to the binary to run this")
+
+
+@pytest.fixture(scope="module")
+def nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNSQD]:
+    from tests.faults._servers import free_port
+
+    assert NSQD
+    tcp, http = free_port(), free_port()
+    argv = [
+        NSQD,
+        f"--tcp-address=127.0.0.1:{tcp}",
+        f"--http-address=127.0.0.1:{http}",
+        "--https-address=",
+        "--broadcast-address=127.0.0.1",
+        f"--data-path={tmp_path_factory.mktemp('nsqd')}",
+    ]
+    node = RealNSQD(argv, f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def create_channel(node: RealNSQD, topic: str) -> None:
+    """The topic and its channel, before the first message (so the channel keeps them all)."""
+    for path in (f"topic/create?topic={topic}", f"channel/create?topic={topic}&channel={CHANNEL}"):
+        request = urllib.request.Request(f"http://{node.http}/{path}", data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# a job started as ``.venv/bin/python job.py``
+
+JOB = """
+import json
+import sys
+
+from pyspark.sql import SparkSession
+
+from nsq_spark import NSQDataSource
+
+nsqd, http, topic, staging = sys.argv[1:]
+spark = (
+    SparkSession.builder.master("local[2]")
+    .config("spark.ui.enabled", "false")
+    .config("spark.driver.bindAddress", "127.0.0.1")
+    .config("spark.driver.host", "127.0.0.1")
+    .getOrCreate()
+)
+spark.sparkContext.setLogLevel("ERROR")
+spark.dataSource.register(NSQDataSource)
+
+# the sink: tasks publish
+(
+    spark.range(20)
+    .selectExpr("concat('job-', id) as body")
+    .write.format("nsq")
+    .mode("append")
+    .option("nsqd_tcp_addresses", nsqd)
+    .option("topic", topic)
+    .save()
+)
+# the source: the driver plans, tasks consume
+got = []
+query = (
+    spark.readStream.format("nsq")
+    .option("nsqd_tcp_addresses", nsqd)
+    .option("nsqd_http_addresses", http)
+    .option("topic", topic)
+    .option("channel", "job")
+    .option("staging_location", staging)
+    .load()
+    .writeStream.foreachBatch(lambda df, _: got.extend(r.body for r in df.collect()))
+    .trigger(availableNow=True)
+    .start()
+)
+query.awaitTermination()
+print("ROWS", json.dumps(sorted(bytes(b).decode() for b in got)))
+spark.stop()
+"""
+
+
+def test_a_job_run_by_the_virtual_environments_python_finds_nsq_spark_in_its_workers(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """No ``PYSPARK_PYTHON``, no ``PYTHONPATH``, the environment not activated: Spark's Python
+    workers would run ``python3`` from the PATH, which does not have nsq_spark."""
+    topic = "plain-job"
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent(JOB))
+    venv_bin = os.path.dirname(sys.executable)
+    path = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p != venv_bin]
+    env = {"PATH": os.pathsep.join(path), "HOME": os.environ.get("HOME", str(tmp_path))}
+    for name in ("JAVA_HOME", "TMPDIR", "LANG"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(job),
+            emulator.address,
+            emulator.http_address,
+            topic,
+            str(tmp_path / "staging"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    rows = [line for line in out.splitlines() if line.startswith("ROWS ")]
+    assert rows and json.loads(rows[0][5:]) == sorted(f"job-{i}" for i in range(20))
+
+
+# ---------------------------------------------------------------------------------------------
+# availableNow while publishing goes on
+
+
+@pytest.mark.real_nsqd
+@needs_nsqd
+def test_available_now_ends_while_publishing_goes_on_and_loses_nothing(
+    spark: Any, nsqd: RealNSQD, tmp_path: Path
+) -> None:
+    topic = f"available-now-publishing-{time.monotonic_ns()}"
+    create_channel(nsqd, topic)
+    before = [f"before-{i:05d}".encode() for i in range(500)]
+    nsqd.publish(topic, before)
+    later: list[bytes] = []
+    stop = threading.Event()
+
+    def keep_publishing() -> None:
+        i = 0
+        while not stop.is_set():
+            chunk = [f"later-{i + j:06d}".encode() for j in range(10)]
+            nsqd.publish(topic, chunk)
+            later.extend(chunk)
+            i += len(chunk)
+            time.sleep(0.05)
+
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+
+    def run() -> list[bytes]:
+        query = (
+            spark.readStream.format("nsq")
+            .option("nsqd_tcp_addresses", nsqd.address)
+            .option("nsqd_http_addresses", nsqd.http)
+            .option("topic", topic)
+            .option("channel", CHANNEL)
+            .option("staging_location", str(tmp_path / "staging"))
+            .option("max_messages_per_trigger", 200)
+            .option("num_partitions", 2)
+            .load()
+            .select("body")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert query.awaitTermination(180), "availableNow did not end"
+        finally:
+            query.stop()
+        assert query.exception() is None
+        return [bytes(r.body) for r in spark.read.parquet(str(out)).collect()]
+
+    publisher = threading.Thread(target=keep_publishing, daemon=True)
+    publisher.start()
+    try:
+        wait_for(lambda: len(later) >= 50)  # publishing goes on as the query starts
+        first = run()
+        assert publisher.is_alive() and not stop.is_set()
+        published_meanwhile = len(later)
+    finally:
+        stop.set()
+        publisher.join(30)
+    # it read at least what was there at its start, and ended although more came
+    assert set(before) <= set(first)
+    assert published_meanwhile > 50
+    # a second run gets the rest: nothing lost, nothing twice
+    rows = run()
+    copies = collections.Counter(rows)
+    assert [b for b, c in copies.items() if c > 1] == []
+    assert sorted(copies) == sorted(before + later)
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver killed in the middle of a batch read on the executors
+
+
+def _sink_batch(out: Path, batch_id: int) -> list[dict[str, Any]] | None:
+    """The rows of one batch of the file sink's log, None if it is not committed."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # no type information
+
+    entry = out / "_spark_metadata" / str(batch_id)
+    if not entry.exists():
+        return None
+    rows: list[dict[str, Any]] = []
+    for line in entry.read_text().splitlines()[1:]:
+        if line.strip():
+            path = json.loads(line)["path"].removeprefix("file:")
+            rows.extend(pq.read_table(path).to_pylist())
+    return rows
+
+
+def _staged_uncommitted_batch(
+    checkpoint: Path, out: Path, staging: Path
+) -> tuple[int, list[str]] | None:
+    """A batch in Spark's offset log that the sink has not committed and whose every task has
+    staged its rows: (its id, the ids of its messages)."""
+    import pyarrow as pa
+
+    offsets = checkpoint / "offsets"
+    if not offsets.exists():
+        return None
+    for entry in sorted(offsets.iterdir(), key=lambda p: p.name):
+        if not entry.name.isdigit() or (out / "_spark_metadata" / entry.name).exists():
+            continue
+        try:
+            end = json.loads(entry.read_text().splitlines()[-1])
+        except (ValueError, IndexError):
+            continue  # being written
+        if "parts" not in end:
+            continue
+        files = [
+            staging / end["run"] / str(end["batch"]) / f"{i}.arrow"
+            for i in range(len(end["parts"]))
+        ]
+        if all(f.exists() for f in files):
+            ids: list[str] = []
+            for f in files:
+                with pa.memory_map(str(f)) as source:
+                    ids.extend(pa.ipc.open_file(source).read_all().column("id").to_pylist())
+            return int(entry.name), ids
+    return None
+
+
+@pytest.mark.real_nsqd
+@needs_nsqd
+def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
+    nsqd: RealNSQD, tmp_path: Path
+) -> None:
+    topic, n = f"executor-restart-{time.monotonic_ns()}", 600
+    sent = [f"m{i:05d}".encode() for i in range(n)]
+    create_channel(nsqd, topic)
+    nsqd.publish(topic, sent)
+    staging = tmp_path / "staging"
+    options: dict[str, Any] = {
+        "staging_location": staging,
+        "max_messages_per_trigger": 150,
+        "num_partitions": 2,
+    }
+    # each task waits once its rows are staged and FINished, before it writes them: the batch
+    # is read, not yet committed, when the driver is killed
+    driver = Driver(
+        "local[2]", [nsqd], topic, tmp_path, "body;id", env={"NSQ_SPARK_PAUSE": "4"}, **options
+    )
+    try:
+        found = wait_for(
+            lambda: _staged_uncommitted_batch(driver.checkpoint, driver.out, staging),
+            timeout=180,
+            interval=0.05,
+        )
+        counts = nsqd.counts(topic)
+        driver.kill()
+    finally:
+        if driver.proc.poll() is None:
+            driver.kill()
+    batch_id, staged_ids = found
+    assert staged_ids and _sink_batch(driver.out, batch_id) is None, "killed after its commit"
+    assert counts is not None and counts.in_flight == 0  # its messages were FINished
+
+    driver = Driver("local[2]", [nsqd], topic, tmp_path, "body;id", **options)
+    try:
+        rows = wait_for(
+            lambda: (r := driver.rows()) and {x["body"] for x in r} == set(sent) and r,
+            timeout=180,
+            interval=0.5,
+        )
+        replayed = _sink_batch(driver.out, batch_id)
+    finally:
+        driver.stop()
+    # the batch that ran again gave exactly the rows it had
+    assert replayed is not None
+    assert sorted(r["id"] for r in replayed) == sorted(staged_ids)
+    # nothing lost, nothing twice
+    copies = collections.Counter(r["body"] for r in rows)
+    assert [b for b, c in copies.items() if c > 1] == []
+    assert sorted(copies) == sorted(sent)
