@@ -353,7 +353,7 @@ class Driver:
             if link.stream is None or getattr(scope, "cancelled_caught", False):
                 raise TimeoutError(f"connecting to {link.host}:{port} timed out")
         except self._failures as exc:
-            error = TransportError(f"connecting to {link.host}:{port} failed: {exc}")
+            error = TransportError(f"connecting to {link.host}:{port} failed: {_why(exc)}")
             error.__cause__ = exc
             await self._lost(link, error)
             return
@@ -526,6 +526,10 @@ class Driver:
             if getattr(scope, "cancelled_caught", False):
                 raise TimeoutError("lookupd request timed out")
         except self._failures as exc:
+            if _refused(exc):  # named as every loop words it differently
+                refused = ConnectionRefusedError("connection refused")
+                refused.__cause__ = exc
+                exc = refused
             core.http_failed(req.request_id, exc, backend.current_time())
             self.wake()
 
@@ -540,3 +544,24 @@ def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseExc
         current = current.__cause__ or current.__context__
         seen += 1
     return None
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was caused by, a refused connection (the loops word it their
+    own ways: "Connect call failed", "All connection attempts failed"...)."""
+    seen = 0
+    pending: list[BaseException] = [exc]
+    while pending and seen < 32:
+        current = pending.pop()
+        seen += 1
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong connecting, in words: a refusal by name, else what was raised."""
+    return "connection refused" if _refused(exc) else str(exc)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import errno
 import gc
 import logging
 import pickle
@@ -493,11 +492,8 @@ def test_an_unreachable_nsqd_fails_the_reader_after_connect_timeout(where: str) 
         f"the nsq source of t/c has no nsqd to consume from after connect_timeout (0.5 s) "
         f"({where.split('_')[0]} {address}); last error: "
     )
-    # the refusal as the socket reported it (the source runs nsq_anyio on asyncio)
-    host, _, port = address.rpartition(":")
-    assert message.endswith(
-        f"failed: [Errno {errno.ECONNREFUSED}] Connect call failed ('{host}', {port})"
-    )
+    # the refusal, named
+    assert message.endswith("failed: connection refused")
 
 
 def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
