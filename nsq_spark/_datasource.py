@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -80,11 +82,13 @@ class NSQDataSource(DataSource):
 
     def schema(self) -> StructType:
         # Spark asks for the schema when ``.load()`` runs: the options fail here, at once
-        parse_source_options(self.options)
+        with _reported_alone():
+            parse_source_options(self.options)
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        raise NotImplementedError(BATCH_READ_ERROR)
+        with _reported_alone():
+            raise NotImplementedError(BATCH_READ_ERROR)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         try:
@@ -99,16 +103,34 @@ class NSQDataSource(DataSource):
             return RefusingStreamReader(exc)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        options = parse_sink_options(self.options)
-        _check_write(schema, overwrite)
-        check_sink_schema(schema, options)
+        with _reported_alone():
+            options = parse_sink_options(self.options)
+            _check_write(schema, overwrite)
+            check_sink_schema(schema, options)
         return NSQWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        options = parse_sink_options(self.options)
-        _check_write(schema, overwrite)
-        check_sink_schema(schema, options)
+        with _reported_alone():
+            options = parse_sink_options(self.options)
+            _check_write(schema, overwrite)
+            check_sink_schema(schema, options)
         return NSQStreamWriter(options)
+
+
+@contextlib.contextmanager
+def _reported_alone() -> Iterator[None]:
+    """A mistake of the user's (an option, the DataFrame's columns, a batch read) raised while
+    Spark plans, in one of its Python workers: Spark reports it without our traceback, so that
+    its line comes first in the error the user sees, right after Spark's own words (over Spark
+    Connect a JVM stack trace follows it).  The planning workers report one error and exit, so
+    the setting (Spark's ``spark.sql.execution.pyspark.udf.hideTraceback.enabled``) ends with
+    them; outside a Spark worker nothing changes."""
+    try:
+        yield
+    except (ValueError, NotImplementedError):
+        if "PYTHON_WORKER_FACTORY_SECRET" in os.environ:
+            os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+        raise
 
 
 def _check_write(schema: StructType, overwrite: bool) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -343,11 +344,11 @@ def test_write_refuses_what_it_cannot_publish(spark: Any, emulator: Emulator) ->
 
 def last_line(error: BaseException) -> str:
     """The last line of what Spark shows for an error (its SQLSTATE suffix and a streaming
-    query's description aside)."""
+    query's description aside), without Spark's words before ours (``[ERROR_CLASS] ...: ``)."""
     text = str(error).split("=== Streaming Query ===")[0]
     lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line and not line.startswith("SQLSTATE")]
-    return lines[-1]
+    return re.sub(r"^\[[A-Z_.]+\][^:]*: ", "", lines[-1])
 
 
 @pytest.mark.parametrize(
