@@ -414,6 +414,10 @@ class Consumer(MultiConnectionCore[_Conn]):
         max_attempts = self.config.max_attempts
         while items := conn.outputs():
             self._pump_items(rec, conn, items, out, rdy, max_attempts, now)
+            if self._requeue_arrivals and conn.state is _S.CLOSE_WAIT and not rec.in_flight:
+                # nsqd may write a message it took before our CLS right after its CLOSE_WAIT:
+                # closed once what this read carried is requeued
+                conn.close("consumer stopped")
 
     def _pump_items(
         self,
@@ -432,8 +436,9 @@ class Consumer(MultiConnectionCore[_Conn]):
                 if self._requeue_arrivals:
                     # sent by nsqd before it read our CLS: back at once, or nsqd would hold
                     # it for this connection until msg_timeout
-                    conn.requeue(message.id, 0.0)
-                    self.messages_requeued += 1
+                    if conn.state in _CAN_ANSWER:
+                        conn.requeue(message.id, 0.0)
+                        self.messages_requeued += 1
                     rdy.message_received(rec, now, False)
                     continue
                 if max_attempts and message.attempts > max_attempts:
@@ -471,7 +476,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                 self._on_error(rec, item, now)
             elif isinstance(item, CloseWaitReceived):
                 out.append(item)
-                if self._stopping and not rec.in_flight:
+                if self._stopping and not rec.in_flight and not self._requeue_arrivals:
                     conn.close("consumer stopped")
             else:
                 out.append(item)

@@ -312,6 +312,7 @@ def test_spark_source_holds_max_in_flight_over_several_connections(servers: Serv
         "channel": "c",
         "nsqd_tcp_addresses": servers.nsqd_tcp,
         "max_in_flight": "6000",
+        "read_mode": "driver",  # the driver-side reader's connection pool
     }
     reader = NSQStreamReader(parse_source_options(options), SCHEMA, handle_sigterm=False)
     try:

@@ -456,13 +456,16 @@ def test_stop_requeue_unanswered_gives_everything_back_and_closes_on_close_wait(
     assert sent_on(out, c2) == b"CLS\nREQ " + mid(3) + b" 0\n"
     assert of_type(out, Close) == []  # nsqd may have sent more before it read the CLS
     assert core.messages_requeued == 3 and not core.stopped
-    # what nsqd sent before it read the CLS goes back at once, never to the application
-    core.receive_data(c1, message(mid(4), b"d") + response(b"CLOSE_WAIT"), 1.1)
+    # what nsqd sent before it read the CLS goes back at once, never to the application,
+    # even a message it wrote right after its CLOSE_WAIT (taken before it read the CLS)
+    core.receive_data(
+        c1, message(mid(4), b"d") + response(b"CLOSE_WAIT") + message(mid(5), b"e"), 1.1
+    )
     out = core.outputs()
     assert of_type(out, MessageReceived) == []
-    assert sent_on(out, c1) == b"REQ " + mid(4) + b" 0\n"
+    assert sent_on(out, c1) == b"REQ " + mid(4) + b" 0\nREQ " + mid(5) + b" 0\n"
     assert [(o.conn_id, o.reason) for o in of_type(out, Close)] == [(c1, "consumer stopped")]
-    assert core.messages_received == 4 and core.messages_requeued == 4
+    assert core.messages_received == 5 and core.messages_requeued == 5
     # c2's nsqd never confirms: closed after the grace, not after stop_timeout
     assert core.next_deadline() == pytest.approx(1.0 + REQUEUE_GRACE)
     core.handle_timer(1.0 + REQUEUE_GRACE)
