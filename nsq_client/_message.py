@@ -85,14 +85,17 @@ class Message:
 
     @property
     def id(self) -> bytes:
+        """nsqd's id of the message (16 bytes; the partitioned server's: 16 as well)."""
         return self._message.id
 
     @property
     def body(self) -> bytes:
+        """What was published."""
         return self._message.body
 
     @property
     def attempts(self) -> int:
+        """How many times nsqd has delivered it, this delivery included (1 the first time)."""
         return self._message.attempts
 
     @property
@@ -119,10 +122,12 @@ class Message:
 
     @property
     def raw(self) -> CoreMessage:
+        """The core's decoded message (:class:`nsq_proto.Message`)."""
         return self._message
 
     @property
     def has_responded(self) -> bool:
+        """Whether it was answered (FIN or REQ) already: it cannot be answered again."""
         return self._responded
 
     def _mark(self) -> None:
@@ -131,6 +136,7 @@ class Message:
         self._responded = True
 
     async def finish(self) -> None:
+        """FIN: the message is done; nsqd forgets it."""
         self._mark()
         consumer = self._origin.consumer
         if consumer._finish(self):
@@ -144,6 +150,7 @@ class Message:
             await consumer._driver.drain_here()
 
     async def touch(self) -> None:
+        """TOUCH: nsqd's timeout for it (``msg_timeout``) starts again."""
         if self._responded:
             raise LocalProtocolError("this message has already been answered")
         self._origin.consumer._touch(self)

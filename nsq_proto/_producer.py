@@ -141,7 +141,6 @@ class Producer(MultiConnectionCore[_PConn]):
         self._routes: dict[str, _TopicRoute] = {}
         self._lookup_pending: set[str] = set()
         self._next_request_id = 1
-        self._rr = 0
         self._closing = False
         self._last_error: NSQError | None = None
         #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately

@@ -61,7 +61,6 @@ _S = ConnectionState
 ACTIVE: Final = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
 #: connections RDY may be sent on
 CAN_RDY: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
-#: nsqd's default max_rdy_count, for a connection whose IDENTIFY answer did not say
 
 # built once: they are looked up on every answer
 _BACKOFF_END: Final = (TimerKind.BACKOFF_END, None)

@@ -9,16 +9,19 @@ __all__ = ["TimerKind", "TimerKey", "Timers"]
 
 
 class TimerKind(Enum):
+    """What a timer is for; a :data:`TimerKey` pairs one with an argument."""
+
     # members are singletons: identity hashing is exact and much cheaper than Enum's
     __hash__ = object.__hash__
 
-    #: poll every lookupd again
+    #: poll every lookupd again (the consumer's topic; the producer: the topic of the key)
     LOOKUPD_POLL = "LOOKUPD_POLL"
     #: ask lookupd again soon after a connection was lost (consumer)
     LOOKUPD_RECHECK = "LOOKUPD_RECHECK"
     #: a lookupd HTTP request took too long
     HTTP_TIMEOUT = "HTTP_TIMEOUT"
-    #: reconnect to an nsqd of the fixed list
+    #: connect again to an nsqd (the key's argument: its address, with a partition for the
+    #: consumer), after the reconnect backoff
     RECONNECT = "RECONNECT"
     #: the backoff window is over: test the waters with RDY 1
     BACKOFF_END = "BACKOFF_END"
@@ -26,7 +29,7 @@ class TimerKind(Enum):
     RDY_REDISTRIBUTE = "RDY_REDISTRIBUTE"
     #: a graceful stop waited long enough for the application
     STOP_TIMEOUT = "STOP_TIMEOUT"
-    #: retry a publish after a lookup refresh (producer)
+    #: a publish's retry backoff is over (producer; the key's argument: its request id)
     RETRY = "RETRY"
 
 

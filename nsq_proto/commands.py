@@ -93,6 +93,7 @@ def identify(body: Mapping[str, Any]) -> bytes:
 
 
 def auth(secret: bytes | str) -> bytes:
+    """AUTH with ``secret`` (a str is sent as UTF-8), after IDENTIFY said auth_required."""
     if isinstance(secret, str):
         secret = secret.encode()
     if not secret:
@@ -107,6 +108,7 @@ def _sub(name: bytes, topic: str, channel: str, partition: int | None) -> bytes:
 
 
 def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
+    """SUB to ``topic``/``channel`` (the partitioned server: of one ``partition``)."""
     return _sub(b"SUB", topic, channel, partition)
 
 
@@ -121,6 +123,7 @@ def sub_advanced(topic: str, channel: str, partition: int | None = None) -> byte
 
 
 def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
+    """PUB one ``body`` to ``topic`` (the partitioned server: to one ``partition``)."""
     check_topic(topic)
     body = _check_body(body)
     return b"PUB %s%s\n" % (topic.encode(), _partition_suffix(partition)) + _body(body)
@@ -143,6 +146,7 @@ def _mpub_payload(items: Sequence[bytes]) -> bytes:
 
 
 def mpub(topic: str, bodies: Iterable[bytes], partition: int | None = None) -> bytes:
+    """MPUB several ``bodies`` to ``topic`` at once (at least one)."""
     check_topic(topic)
     items = [_check_body(b) for b in bodies]
     if not items:
@@ -165,6 +169,7 @@ def mpub_unchecked(topic: str, bodies: Sequence[bytes], partition: int | None = 
 
 
 def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+    """DPUB: ``body`` to ``topic``, delivered after ``delay_ms`` milliseconds."""
     check_topic(topic)
     body = _check_body(body)
     if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
@@ -183,6 +188,7 @@ def pub_trace(topic: str, trace_id: int, body: bytes, partition: int | None = No
 def mpub_trace(
     topic: str, items: Iterable[tuple[int, bytes]], partition: int | None = None
 ) -> bytes:
+    """MPUB_TRACE (partitioned server): ``(trace_id, body)`` pairs to ``topic``."""
     check_topic(topic)
     parts = [_U64.pack(_check_trace_id(t)) + _check_body(b) for t, b in items]
     if not parts:
@@ -238,12 +244,14 @@ def mpub_ext(
 
 
 def rdy(count: int) -> bytes:
+    """RDY: nsqd may have ``count`` messages in flight on this connection."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise LocalProtocolError(f"RDY count must be a non-negative int, not {count!r}")
     return b"RDY %d\n" % count
 
 
 def fin(msg_id: bytes) -> bytes:
+    """FIN: the message ``msg_id`` is done."""
     return b"FIN " + _check_id(msg_id) + b"\n"
 
 
@@ -255,12 +263,14 @@ def fin_many(msg_ids: Sequence[bytes]) -> bytes:
 
 
 def req(msg_id: bytes, delay_ms: int = 0) -> bytes:
+    """REQ: deliver ``msg_id`` again, after ``delay_ms`` milliseconds."""
     if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
         raise LocalProtocolError(f"REQ delay must be a non-negative int of ms, not {delay_ms!r}")
     return b"REQ " + _check_id(msg_id) + b" %d\n" % delay_ms
 
 
 def touch(msg_id: bytes) -> bytes:
+    """TOUCH: restart nsqd's timeout of ``msg_id``."""
     return b"TOUCH " + _check_id(msg_id) + b"\n"
 
 
@@ -272,8 +282,10 @@ def touch_many(msg_ids: Sequence[bytes]) -> bytes:
 
 
 def cls() -> bytes:
+    """CLS: send no more messages (nsqd answers CLOSE_WAIT)."""
     return CLS
 
 
 def nop() -> bytes:
+    """NOP: the answer to a heartbeat."""
     return NOP
