@@ -8,11 +8,13 @@ zstandard); skipped without it."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ import pytest
 
 from tests.faults._servers import free_port
 
-from ._cluster import spark_env
+from ._cluster import ROOT, spark_env
 from .helpers import Emulator
 
 
@@ -105,95 +107,54 @@ def connect_url() -> Iterator[str]:
         log.close()
 
 
-@pytest.fixture(scope="module")
-def remote(connect_url: str) -> Iterator[Any]:
-    from pyspark.sql import SparkSession
+def client(url: str, *argv: str) -> Any:
+    """Run ``tests/spark/connect_client.py`` (a process holds either classic sessions or remote
+    ones, and this one has a classic one); what it printed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_CONNECT")}
+    env.pop("SPARK_REMOTE", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark.connect_client", url, *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
-    from nsq_spark import NSQDataSource
 
-    session = SparkSession.builder.remote(connect_url).create()
-    session.dataSource.register(NSQDataSource)
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of the error, without Spark's words before ours (``[CLASS] ...: ``)."""
-    return re.sub(r"^\[[A-Z_.]+\][^:]*: ", "", str(error).splitlines()[0])
+def first_line(text: str) -> str:
+    """The first line of an error, without Spark's words before ours (``[CLASS] ...: ``)."""
+    return re.sub(r"^\[[A-Z_.]+\][^:]*: ", "", text.splitlines()[0])
 
 
 def test_source_and_sink_from_a_connect_client(
-    remote: Any, emulator: Emulator, tmp_path: Path
+    connect_url: str, emulator: Emulator, tmp_path: Path
 ) -> None:
     topic = "connect"
-    (
-        remote.range(40)
-        .selectExpr("concat('c', lpad(cast(id as string), 3, '0')) as body")
-        .write.format("nsq")
-        .mode("append")
-        .option("nsqd_tcp_addresses", emulator.address)
-        .option("topic", topic)
-        .save()
+    got = client(
+        connect_url, "pipeline", emulator.address, emulator.http_address, topic, str(tmp_path)
     )
-    assert emulator.topic_stats(topic).message_count == 40
-    out = tmp_path / "out"
-    query = (
-        remote.readStream.format("nsq")
-        .option("nsqd_tcp_addresses", emulator.address)
-        .option("nsqd_http_addresses", emulator.http_address)
-        .option("topic", topic)
-        .option("channel", "spark")
-        .option("staging_location", str(tmp_path / "staging"))
-        .option("max_messages_per_trigger", 15)
-        .load()
-        .select("body", "id")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        assert query.awaitTermination(180), "availableNow did not end"
-    finally:
-        query.stop()
-    rows = remote.read.parquet(str(out)).collect()
-    assert sorted(bytes(r.body) for r in rows) == [f"c{i:03d}".encode() for i in range(40)]
-    assert len({r.id for r in rows}) == 40
+    rows = got["rows"]
+    assert sorted(body for body, _ in rows) == [f"c{i:03d}" for i in range(40)]
+    assert len({id_ for _, id_ in rows}) == 40
     stats = emulator.channel_stats(topic, "spark")
-    assert (stats.depth, stats.in_flight_count) == (0, 0)
+    assert (stats.message_count, stats.depth, stats.in_flight_count) == (40, 0, 0)
 
 
-def test_an_option_error_is_the_first_line_over_connect(remote: Any) -> None:
-    options = {
-        "nsqd_tcp_addresses": "127.0.0.1:4150",
-        "nsqd_http_addresses": "127.0.0.1:4151",
-        "topic": "t",
-        "channel": "c",
-    }
-    with pytest.raises(Exception) as info:
-        # (Spark Connect analyses the plan when asked for its schema)
-        remote.readStream.format("nsq").options(**options, maxInFlght="3").load().schema  # noqa: B018
-    assert first_line(info.value) == (
+def test_an_option_error_is_the_first_line_over_connect(connect_url: str) -> None:
+    errors = client(connect_url, "errors")
+    assert first_line(errors["source"]) == (
         "nsq_spark.OptionError: unknown option(s) of the nsq source: maxinflght"
         " (did you mean max_in_flight?)"
     )
     # a JVM stack trace may follow: below our line
-    text = str(info.value)
-    stack = text.find("JVM stacktrace")
-    assert stack == -1 or stack > text.find("nsq_spark.OptionError")
-    writer = remote.range(3).selectExpr("cast(id as string) as body").write.format("nsq")
-    with pytest.raises(Exception) as info:
-        writer.mode("append").option("nsqd_tcp_addresses", "127.0.0.1:4150").option(
-            "topic", "a b"
-        ).save()
-    assert first_line(info.value).startswith(
+    stack = errors["source"].find("JVM stacktrace")
+    assert stack == -1 or stack > errors["source"].find("nsq_spark.OptionError")
+    assert first_line(errors["sink"]).startswith(
         "nsq_spark.OptionError: option 'topic': 'a b' is not a topic name"
     )
-    with pytest.raises(Exception) as info:
-        remote.read.format("nsq").options(**options).load().collect()
-    assert first_line(info.value).startswith(
+    assert first_line(errors["batch"]).startswith(
         "NotImplementedError: the nsq source reads streams only"
     )
