@@ -9,7 +9,16 @@ first non-empty micro-batch until the last message was read (and its batch commi
 ``sink``: ``spark.range(count)`` rows of ``--size`` bytes go out with ``write.format("nsq")``
 (after a small warm-up write that starts the Python workers).
 
-The last two lines are ``spark_source_msgs_per_s=<float>`` and ``spark_sink_msgs_per_s=<float>``.
+``--master spark://HOST:PORT`` runs on a standalone cluster (its workers on this machine, or
+with ``PYSPARK_PYTHON`` and ``nsq_spark`` on theirs); with ``--read-mode executors`` the
+executors consume.  ``source: driver side ... CPU s per million rows`` is what the driver's
+processes (this one, its JVM, their Python workers; with a ``local`` master the executors too,
+and without ``--nsqd-tcp-address`` the emulator, which runs in this process) spent on the
+source's query.
+
+The last lines are ``spark_memory_source_rows_per_s=<float>``,
+``spark_source_driver_cpu_s_per_million=<float>``, ``spark_source_msgs_per_s=<float>`` and
+``spark_sink_msgs_per_s=<float>``.
 """
 
 from __future__ import annotations
@@ -155,10 +164,46 @@ class Progress:
         return f"mean per batch ({rows:.0f} rows), ms: " + ", ".join(parts)
 
 
-def run_query(args: argparse.Namespace, spark: Any, reader: Any, name: str, target: int) -> float:
-    """Stream ``reader`` into the noop sink until ``target`` rows; the steady rate."""
+def cpu_seconds_of_this_process_tree() -> float:
+    """CPU seconds (user + system) of this process and every process below it, those it
+    reaped included (Linux ``/proc``; NaN elsewhere): the driver side of the query (with a
+    ``local`` master, its executors too)."""
+    import collections
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    times: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return float("nan")
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children[int(fields[1])].append(int(entry))
+        # utime, stime, cutime, cstime (the reaped children's)
+        times[int(entry)] = sum(int(x) for x in fields[11:15])
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total / tick
+
+
+def run_query(
+    args: argparse.Namespace, spark: Any, reader: Any, name: str, target: int
+) -> tuple[float, float]:
+    """Stream ``reader`` into the noop sink until ``target`` rows; the steady rate, and the
+    CPU seconds of the driver side per million rows over the whole query."""
     progress = Progress()
     checkpoint = tempfile.mkdtemp(prefix="nsq-spark-bench-")
+    cpu = cpu_seconds_of_this_process_tree()
     query = reader.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
     deadline = time.monotonic() + args.timeout
     try:
@@ -171,6 +216,7 @@ def run_query(args: argparse.Namespace, spark: Any, reader: Any, name: str, targ
                 )
             time.sleep(1.0)  # recentProgress keeps the last 100 batches
             progress.poll(query)
+        cpu = cpu_seconds_of_this_process_tree() - cpu
     finally:
         # stopping cancels the running batch, which Spark logs as errors: not news here
         spark.sparkContext.setLogLevel("OFF")
@@ -184,12 +230,16 @@ def run_query(args: argparse.Namespace, spark: Any, reader: Any, name: str, targ
     )
     if args.profile:
         print(f"{name}: {progress.profile(args.warmup_batches)}", file=sys.stderr)
-    return rate
+    per_million = cpu / progress.rows * 1e6
+    print(
+        f"{name}: driver side {cpu:.1f} CPU s, {per_million:.1f} per million rows", file=sys.stderr
+    )
+    return rate, per_million
 
 
 def bench_source(
-    args: argparse.Namespace, spark: Any, address: str, portal: BlockingPortal
-) -> float:
+    args: argparse.Namespace, spark: Any, address: str, portal: BlockingPortal, http: str | None
+) -> tuple[float, float]:
     topic = f"spark-bench-{uuid.uuid4().hex[:8]}"
     publish(portal, address, topic, args.count, args.size)
     reader = spark.readStream.format("nsq")
@@ -197,8 +247,8 @@ def bench_source(
         reader = reader.schema(", ".join(f"{c} {_TYPES[c]}" for c in args.columns.split(",")))
     reader = reader.option("topic", topic).option("channel", "bench")
     reader = reader.option("read_mode", args.read_mode)
-    if args.nsqd_http_address:
-        reader = reader.option("nsqd_http_addresses", args.nsqd_http_address)
+    if http:
+        reader = reader.option("nsqd_http_addresses", http)
     if args.num_partitions:
         reader = reader.option("num_partitions", str(args.num_partitions))
     if args.lookupd_http_address:
@@ -272,9 +322,10 @@ def bench_memory(args: argparse.Namespace, spark: Any) -> float:
             return Reader()
 
     spark.dataSource.register(Memory)
-    return run_query(
+    rate, _ = run_query(
         args, spark, spark.readStream.format("memory_bench").load(), "memory", args.count
     )
+    return rate
 
 
 def bench_sink(
@@ -355,19 +406,23 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     skip = set(args.skip.split(","))
-    source_rate = memory_rate = sink_rate = float("nan")
+    source_rate = memory_rate = sink_rate = source_cpu = float("nan")
     with nsqd(args) as (address, portal, cluster):
         spark = spark_session(args)
         try:
             if "memory" not in skip:
                 memory_rate = bench_memory(args, spark)
             if "source" not in skip:
-                source_rate = bench_source(args, spark, address, portal)
+                http = args.nsqd_http_address
+                if http is None and cluster is not None:  # the emulator's
+                    http = cluster.nsqd_http_addresses[0]
+                source_rate, source_cpu = bench_source(args, spark, address, portal, http)
             if "sink" not in skip:
                 sink_rate = bench_sink(args, spark, address.split(",")[0], portal, cluster)
         finally:
             spark.stop()
     print(f"spark_memory_source_rows_per_s={memory_rate:.1f}")
+    print(f"spark_source_driver_cpu_s_per_million={source_cpu:.2f}")
     print(f"spark_source_msgs_per_s={source_rate:.1f}")
     print(f"spark_sink_msgs_per_s={sink_rate:.1f}")
 
