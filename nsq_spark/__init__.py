@@ -21,8 +21,11 @@
         .start()
     )
 
-Delivery is at-least-once both ways.  The options, the delivery guarantees and how to run it
-are in ``docs/spark.md`` (the "Spark source and sink" page of the documentation).
+Read on the executors (the default), a micro-batch that runs again gives the same rows, so
+each message reaches a sink that is idempotent per batch exactly once (but for two narrow
+windows); read on the driver (``read_mode`` ``driver``) and published by the sink, delivery is
+at-least-once.  The options, the guarantees and how to run it are in ``docs/spark.md`` (the
+"Spark source and sink" page of the documentation).
 """
 
 from __future__ import annotations

@@ -58,8 +58,9 @@ SCHEMA = StructType(
 
 
 class NSQDataSource(DataSource):
-    """NSQ for Spark: ``readStream.format("nsq")`` (topic/channel, at-least-once) and
-    ``write``/``writeStream.format("nsq")`` (MPUB, at-least-once).
+    """NSQ for Spark: ``readStream.format("nsq")`` (a topic/channel; replayable micro-batches
+    read on the executors, or at-least-once on the driver) and ``write``/``writeStream
+    .format("nsq")`` (MPUB, at-least-once); a batch ``read`` is refused.
 
     .. code-block:: python
 
