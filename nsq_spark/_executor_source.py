@@ -53,7 +53,7 @@ import nsq_anyio
 from nsq_proto._lookupd import parse_lookup_response
 
 from ._options import SourceOptions
-from ._source import SOURCE_COLUMNS, ConnectTimeout, record_batch
+from ._source import ConnectTimeout, check_columns, record_batch
 from ._staging import Staging, default_staging_location
 
 __all__ = ["NSQExecutorStreamReader", "NSQStagedPartition", "plan_batch"]
@@ -324,11 +324,7 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
-        for name in schema.fieldNames():
-            if name not in SOURCE_COLUMNS:
-                raise ValueError(
-                    f"the nsq source has no column {name!r} (it has {', '.join(SOURCE_COLUMNS)})"
-                )
+        check_columns(schema)
         self.staging = Staging(options.staging_location or default_staging_location())
         self._planner: _Planner | None = None
         self._run: str | None = None

@@ -64,12 +64,22 @@ __all__ = [
     "NSQInputPartition",
     "RefusingStreamReader",
     "SOURCE_COLUMNS",
+    "check_columns",
 ]
 
 log = logging.getLogger("nsq_spark")
 
 #: the columns the source can produce, in the order of its default schema
 SOURCE_COLUMNS = ("body", "id", "attempts", "timestamp", "topic", "nsqd", "partition", "trace_id")
+
+
+def check_columns(schema: StructType) -> None:
+    """A ValueError naming a column of ``schema`` the source does not have."""
+    for name in schema.fieldNames():
+        if name not in SOURCE_COLUMNS:
+            raise ValueError(
+                f"the nsq source has no column {name!r} (it has {', '.join(SOURCE_COLUMNS)})"
+            )
 
 
 class ConnectTimeout(nsq_proto.NSQTimeout):
@@ -684,11 +694,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         #: turn SIGTERM into SystemExit in the process that runs the reader (Spark's source
         #: runner), so that ``stop()`` runs when the query stops
         self.handle_sigterm = handle_sigterm
-        for name in schema.fieldNames():
-            if name not in SOURCE_COLUMNS:
-                raise ValueError(
-                    f"the nsq source has no column {name!r} (it has {', '.join(SOURCE_COLUMNS)})"
-                )
+        check_columns(schema)
         self._runtime: _Runtime | None = None
 
     def __getstate__(self) -> dict[str, Any]:
