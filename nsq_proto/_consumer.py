@@ -822,30 +822,29 @@ class Consumer(MultiConnectionCore[_Conn]):
         if current is None or deadline < current:
             self._timers.set(key, deadline)
         for rec in list(self._conns.values()):
-            conn = rec.conn
-            rec.copies.clear()
-            can_answer = conn.state in _CAN_ANSWER
-            for msg_id in list(rec.in_flight):
-                del rec.in_flight[msg_id]
-                if can_answer:
-                    conn.requeue(msg_id, 0.0)
-                    self.messages_requeued += 1
-            if conn.state is not _S.CLOSING:
-                conn.close("consumer stopped")
+            self._requeue_held(rec)
+            if rec.conn.state is not _S.CLOSING:
+                rec.conn.close("consumer stopped")
             self._pump(rec, now)
         self._check_stopped(now)
 
     def _stop_timeout(self, now: float) -> None:
         for rec in list(self._conns.values()):
-            rec.copies.clear()
-            for msg_id in list(rec.in_flight):
-                del rec.in_flight[msg_id]
-                if rec.conn.state in _CAN_ANSWER:
-                    rec.conn.requeue(msg_id, 0.0)
-                    self.messages_requeued += 1
+            self._requeue_held(rec)
             rec.conn.close("stop timeout")
             self._pump(rec, now)
         self._check_stopped(now)
+
+    def _requeue_held(self, rec: _Conn) -> None:
+        """REQ (at once) every message the application holds from ``rec``."""
+        conn = rec.conn
+        rec.copies.clear()
+        can_answer = conn.state in _CAN_ANSWER
+        for msg_id in list(rec.in_flight):
+            del rec.in_flight[msg_id]
+            if can_answer:
+                conn.requeue(msg_id, 0.0)
+                self.messages_requeued += 1
 
     def _check_stopped(self, now: float) -> None:
         if not self._stopping or self._stopped:
