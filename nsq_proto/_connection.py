@@ -10,6 +10,9 @@ Three things drive it, each taking ``now`` (seconds on the caller's monotonic cl
 
 Everything it wants done comes out of one ordered queue, :meth:`next_output`: :class:`Send`,
 :class:`StartTLS` and :class:`Close` actions for the adapter, and events for the application.
+
+Its :attr:`~Connection.state` changes only through :meth:`Connection._move`, which looks the
+move up in the one table of transitions in ``_state.py``.
 """
 
 from __future__ import annotations
@@ -61,7 +64,16 @@ from ._message import (
     decode_message,
 )
 from ._outputs import Close, Output, Send, StartTLS
-from ._state import ALLOWED, HANDSHAKE_STATES, Command, ConnectionState, check_command
+from ._state import (
+    CAN_ANSWER,
+    CAN_RECEIVE_MESSAGES,
+    HANDSHAKE_STATES,
+    Command,
+    ConnectionState,
+    Trigger,
+    check_command,
+    next_state,
+)
 
 __all__ = ["Connection", "NON_FATAL_ERRORS", "parse_error_frame"]
 
@@ -90,8 +102,6 @@ _FRAME_HEADER: Final = struct.Struct(">ii")
 _MESSAGE_FRAME_HEADER: Final = struct.Struct(">iiqH")
 _MESSAGE: Final = 2
 _ERROR: Final = 1
-_CAN_RECEIVE_MESSAGES: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
-_CAN_ANSWER: Final = ALLOWED[Command.ANSWER]
 
 # kinds of requests that wait for a response frame, in FIFO order
 _SUB: Final = 0
@@ -130,6 +140,7 @@ class Connection:
         self.conn_id = conn_id
         #: the nsqd it connects to, named in errors (None: unknown)
         self.address = address
+        #: changed only by :meth:`_move`, through the table of ``_state.py``
         self.state = _S.INIT
         self.features: NegotiatedFeatures | None = None
         self.auth: AuthResult | None = None
@@ -177,6 +188,13 @@ class Connection:
             self._flush()
         self._outputs.append(item)
 
+    # ------------------------------------------------------------------ state
+
+    def _move(self, trigger: Trigger) -> None:
+        """The only place the state changes: where ``trigger`` leads, by ``_state.py``'s table
+        (a move the table does not have raises LocalProtocolError)."""
+        self.state = next_state(self.state, trigger)
+
     # ------------------------------------------------------------------ timers
 
     def next_deadline(self) -> float | None:
@@ -216,7 +234,7 @@ class Connection:
         if self.state is not _S.INIT:
             raise LocalProtocolError(f"connection_made in state {self.state.value}")
         self._send(cmd.MAGIC_V2 + cmd.identify(self.config.identify_body()))
-        self.state = _S.IDENTIFYING
+        self._move(Trigger.CONNECTED)
         self._touch_read_deadline(now)
         self._handshake_deadline = now + self.config.handshake_timeout
 
@@ -224,7 +242,7 @@ class Connection:
         """The adapter finished the TLS handshake asked for by :class:`StartTLS`."""
         if self.state is not _S.TLS_HANDSHAKE:
             raise LocalProtocolError(f"tls_established in state {self.state.value}")
-        self.state = _S.TLS_RESPONSE
+        self._move(Trigger.TLS_ESTABLISHED)
         self._touch_read_deadline(now)
 
     def connection_lost(self, now: float, error: BaseException | None = None) -> None:
@@ -315,7 +333,7 @@ class Connection:
         unpack_frame_header = _FRAME_HEADER.unpack_from
         max_size = self.config.max_frame_size
         outputs = self._outputs
-        receiving = self.state in _CAN_RECEIVE_MESSAGES
+        receiving = self.state in CAN_RECEIVE_MESSAGES
         n = len(buf)
         size: int  # declared: the compiled build then compares machine ints, not objects
         frame_type: int
@@ -355,10 +373,10 @@ class Connection:
                 self._error_frame(buf[pos + 8 : end])
                 if self.state is _S.CLOSED:
                     return -1
-                receiving = self.state in _CAN_RECEIVE_MESSAGES
+                receiving = self.state in CAN_RECEIVE_MESSAGES
             else:
                 self._response(buf[pos + 8 : end])
-                receiving = self.state in _CAN_RECEIVE_MESSAGES
+                receiving = self.state in CAN_RECEIVE_MESSAGES
             pos = end
 
     def _handshake_frame(self, frame_type: int, payload: bytes) -> None:
@@ -376,7 +394,7 @@ class Connection:
             self._check_features(features)
             self.features = features
             if features.tls_v1:
-                self.state = _S.TLS_HANDSHAKE
+                self._move(Trigger.TLS_ASKED)
                 self._emit(StartTLS(self.conn_id, self._decoder.take_buffered()))
                 return
             self._start_compression()
@@ -417,7 +435,7 @@ class Connection:
             return
         self._flush()  # bytes queued so far were meant to go out uncompressed
         self._codec = codec
-        self.state = _S.COMPRESSION_RESPONSE
+        self._move(Trigger.COMPRESSION_ON)
         # bytes already read after the switch point are compressed: decode them before going on
         rest = self._decoder.take_buffered()
         self._switched = codec.decompress(rest) if rest else None
@@ -434,12 +452,12 @@ class Connection:
                 )
                 return
             self._send(cmd.auth(secret))
-            self.state = _S.AUTHENTICATING
+            self._move(Trigger.AUTH_SENT)
             return
         self._ready()
 
     def _ready(self) -> None:
-        self.state = _S.READY
+        self._move(Trigger.HANDSHAKE_DONE)
         self._handshake_deadline = None
         features = self.features
         assert features is not None
@@ -467,13 +485,12 @@ class Connection:
         elif kind == _SUB:
             if payload != OK:
                 raise RemoteProtocolError(f"expected OK to SUB, got {payload[:40]!r}")
-            if self.state is _S.SUBSCRIBING:
-                self.state = _S.SUBSCRIBED
+            self._move(Trigger.SUB_ANSWERED)  # SUBSCRIBED; stays CLOSING if CLS went first
             self._emit(Subscribed(self.conn_id))
         else:  # _CLS
             if payload != CLOSE_WAIT:
                 raise RemoteProtocolError(f"expected CLOSE_WAIT to CLS, got {payload[:40]!r}")
-            self.state = _S.CLOSE_WAIT
+            self._move(Trigger.CLOSE_WAIT_RECEIVED)
             self._emit(CloseWaitReceived(self.conn_id))
 
     def _error_frame(self, payload: bytes) -> None:
@@ -512,7 +529,7 @@ class Connection:
         self._finish(reason, error, send_close=True)
 
     def _finish(self, reason: str, error: NSQError | None, *, send_close: bool) -> None:
-        self.state = _S.CLOSED
+        self._move(Trigger.ENDED)
         self._read_deadline = None
         self._handshake_deadline = None
         self._wbuf.clear()  # nothing more goes out on a finished connection
@@ -572,7 +589,7 @@ class Connection:
             )
         self._send(data)
         self._pending.append((_SUB, 0))
-        self.state = _S.SUBSCRIBING
+        self._move(Trigger.SUB_SENT)
 
     def rdy(self, count: int) -> None:
         """Send RDY: nsqd may have ``count`` messages in flight on this connection."""
@@ -589,7 +606,7 @@ class Connection:
 
     def _finish_delivered(self, msg_id: bytes) -> None:
         """FIN of an id this connection delivered (so a valid one): the consumer's hot path."""
-        if self.state not in _CAN_ANSWER:
+        if self.state not in CAN_ANSWER:
             check_command(self.state, Command.ANSWER)
         wbuf = self._wbuf  # three appends: no temporary bytes
         wbuf += b"FIN "
@@ -624,7 +641,7 @@ class Connection:
         check_command(self.state, Command.CLS)
         self._send(cmd.CLS)
         self._pending.append((_CLS, 0))
-        self.state = _S.CLOSING
+        self._move(Trigger.CLS_SENT)
 
     def _publish(self, data: bytes, kind: int = _PUB) -> int:
         check_command(self.state, Command.PUB)

@@ -45,8 +45,8 @@ from ._message import Message
 from ._names import check_channel, check_topic
 from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
-from ._rdy import CAN_RDY, RdyPlanner
-from ._state import ConnectionState
+from ._rdy import RdyPlanner
+from ._state import CAN_ANSWER, CAN_RDY, CLOSING_STATES, ConnectionState
 from ._timers import TimerKind
 
 __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
@@ -56,9 +56,6 @@ _S = ConnectionState
 #: the longest a consumer that can answer nothing more (cancelled) waits for nsqd to confirm
 #: its CLS, requeueing what still arrives, before it closes its connections anyway
 REQUEUE_GRACE: Final = 1.0
-
-#: states in which nsqd takes FIN/REQ/TOUCH for the messages it delivered
-_CAN_ANSWER: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING, _S.CLOSE_WAIT})
 
 
 def _not_in_flight(msg_id: bytes, conn_id: ConnId) -> LocalProtocolError:
@@ -436,7 +433,7 @@ class Consumer(MultiConnectionCore[_Conn]):
                 if self._requeue_arrivals:
                     # sent by nsqd before it read our CLS: back at once, or nsqd would hold
                     # it for this connection until msg_timeout
-                    if conn.state in _CAN_ANSWER:
+                    if conn.state in CAN_ANSWER:
                         conn.requeue(message.id, 0.0)
                         self.messages_requeued += 1
                     rdy.message_received(rec, now, False)
@@ -804,7 +801,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             state = rec.conn.state
             if state in CAN_RDY:
                 rec.conn.start_close()
-            elif state not in (_S.CLOSING, _S.CLOSE_WAIT):
+            elif state not in CLOSING_STATES:
                 rec.conn.close("consumer stopping")
             self._pump(rec, now)
         self._timers.set((TimerKind.STOP_TIMEOUT, None), now + self.config.stop_timeout)
@@ -839,7 +836,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         """REQ (at once) every message the application holds from ``rec``."""
         conn = rec.conn
         rec.copies.clear()
-        can_answer = conn.state in _CAN_ANSWER
+        can_answer = conn.state in CAN_ANSWER
         for msg_id in list(rec.in_flight):
             del rec.in_flight[msg_id]
             if can_answer:

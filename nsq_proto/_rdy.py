@@ -51,16 +51,10 @@ from ._connection import Connection
 from ._events import BackoffChanged, ConnId
 from ._features import DEFAULT_MAX_RDY_COUNT
 from ._outputs import Output
-from ._state import ConnectionState
+from ._state import ACTIVE, CAN_RDY
 from ._timers import TimerKind, Timers
 
-__all__ = ["ACTIVE", "CAN_RDY", "Backoff", "RdyConn", "RdyPlanner"]
-
-_S = ConnectionState
-#: connections that count for the RDY share (go-nsq: every connected, non-closing conn)
-ACTIVE: Final = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
-#: connections RDY may be sent on
-CAN_RDY: Final = frozenset({_S.SUBSCRIBING, _S.SUBSCRIBED})
+__all__ = ["Backoff", "RdyConn", "RdyPlanner"]
 
 # built once: they are looked up on every answer
 _BACKOFF_END: Final = (TimerKind.BACKOFF_END, None)
