@@ -1,6 +1,7 @@
 """A standalone Spark cluster on loopback for the tests: one master and two workers of one core
 each (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``), their Python
-workers this interpreter with this checkout on their path; stopped by PID."""
+workers this interpreter with this checkout on their path; stopped by PID.  The workers are on
+127.0.0.1 unless told otherwise (``worker_hosts``: Spark takes each address for a machine)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,11 @@ def spark_env() -> dict[str, str]:
 
 
 @contextmanager
-def standalone_cluster(workers: int = 2, timeout: float = 90.0) -> Iterator[Cluster]:
+def standalone_cluster(
+    workers: int = 2, timeout: float = 90.0, worker_hosts: Sequence[str] = ()
+) -> Iterator[Cluster]:
+    hosts = list(worker_hosts) or ["127.0.0.1"] * workers
+    assert len(hosts) == workers
     env = spark_env()
     spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
     port, ui = free_port(), free_port()
@@ -89,7 +94,7 @@ def standalone_cluster(workers: int = 2, timeout: float = 90.0) -> Iterator[Clus
                 f"{deploy}.worker.Worker",
                 cluster.master,
                 "--host",
-                "127.0.0.1",
+                hosts[i],
                 "--cores",
                 "1",
                 "--memory",

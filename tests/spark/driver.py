@@ -4,7 +4,10 @@ or until a line ``stop`` on its standard input stops the query (``query.stop()``
 The driver tests run it in a process of its own to kill it.  ``NSQ_SPARK_MASTER`` is the
 master (default ``local[2]``); ``NSQ_SPARK_SELECT`` the SQL expressions written, separated by ``;``
 (default: every column); ``NSQ_SPARK_PAUSE`` seconds that each task waits once the source
-gave it its first rows, before it writes them (the source has staged and FINished them then).
+gave it its first rows, before it writes them (the source has staged and FINished them then);
+``NSQ_SPARK_SLOW`` seconds that the first attempt of partition 0 of each batch waits there
+besides (a task tried again, or a speculative copy, does not); ``NSQ_SPARK_CONF`` more Spark
+settings, ``key=value`` separated by ``;``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def main(argv: list[str]) -> None:
 
     from nsq_spark import NSQDataSource
 
-    spark = (
+    builder = (
         SparkSession.builder.master(os.environ.get("NSQ_SPARK_MASTER", "local[2]"))
         .appName("nsq_spark driver")
         .config("spark.sql.shuffle.partitions", "2")
@@ -34,8 +37,11 @@ def main(argv: list[str]) -> None:
         .config("spark.sql.streaming.pollingDelay", "50ms")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
     )
+    for setting in filter(None, os.environ.get("NSQ_SPARK_CONF", "").split(";")):
+        key, _, value = setting.partition("=")
+        builder = builder.config(key.strip(), value.strip())
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(NSQDataSource)
     reader = spark.readStream.format("nsq")
@@ -47,14 +53,21 @@ def main(argv: list[str]) -> None:
     if select:
         df = df.selectExpr(*select.split(";"))
     pause = float(os.environ.get("NSQ_SPARK_PAUSE") or 0)
-    if pause:
+    slow = float(os.environ.get("NSQ_SPARK_SLOW") or 0)
+    if pause or slow:
 
         def paused(batches: Iterator[Any]) -> Iterator[Any]:
             import time
 
+            from pyspark import TaskContext
+
+            task = TaskContext.get()
+            wait = pause
+            if task is not None and task.partitionId() == 0 and task.attemptNumber() == 0:
+                wait += slow
             for i, batch in enumerate(batches):
                 if i == 0:
-                    time.sleep(pause)
+                    time.sleep(wait)
                 yield batch
 
         df = df.mapInArrow(paused, df.schema)

@@ -1,7 +1,8 @@
 """``format("nsq")`` on a standalone Spark cluster (a master and two workers on loopback)
 against two real nsqd: the executors consume, the driver connects to no nsqd, each message is
-written exactly once (an executor killed mid-stream included), and large bodies are bounded
-by bytes with the default options.  Run when ``NSQD`` points at nsqd (or it is on PATH).
+written exactly once (an executor killed mid-stream included, and a slow task that speculation
+copies), and large bodies are bounded by bytes with the default options.  Run when ``NSQD``
+points at nsqd (or it is on PATH).
 
 The driver is ``tests/spark/driver.py`` in a process of its own (the test process has its own
 local Spark); the tests read what it wrote through Spark's file-sink log."""
@@ -167,21 +168,29 @@ class Driver:
         self.log.close()
 
     def batches(self) -> list[list[dict[str, Any]]]:
-        """The rows of each committed batch of the file sink's log."""
+        """The rows of each committed batch of the file sink's log.  Every tenth batch's entry
+        is a compacted log (``N.compact``) listing the files of every batch so far: the files
+        it lists first are that batch's."""
         import pyarrow.parquet as pq  # type: ignore[import-untyped]  # no type information
 
         log = self.out / "_spark_metadata"
         if not log.exists():
             return []
+        entries = [
+            (int(e.name.split(".")[0]), e)
+            for e in log.iterdir()
+            if not e.name.startswith(".") and e.name.split(".")[0].isdigit()
+        ]
+        seen: set[str] = set()
         out = []
-        for entry in sorted(log.iterdir(), key=lambda p: (len(p.name), p.name)):
-            if entry.name.startswith(".") or not entry.name.isdigit():
-                continue
+        for _, entry in sorted(entries, key=lambda x: x[0]):
             rows: list[dict[str, Any]] = []
             for line in entry.read_text().splitlines()[1:]:
                 if line.strip():
                     path = json.loads(line)["path"].removeprefix("file:")
-                    rows.extend(pq.read_table(path).to_pylist())
+                    if path not in seen:
+                        seen.add(path)
+                        rows.extend(pq.read_table(path).to_pylist())
             out.append(rows)
         return out
 
@@ -296,20 +305,32 @@ def _executor_jvm_of(pid: int, cluster: Cluster) -> int | None:
 def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
     spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
 ) -> None:
-    topic, per_node = f"cluster-{time.monotonic_ns()}", 3000
-    per_node_bodies = [[f"n{i}-{j:05d}".encode() for j in range(per_node)] for i in range(2)]
-    sent = [b for bodies in per_node_bodies for b in bodies]
-    for node, bodies in zip(two_nsqd, per_node_bodies, strict=True):
-        publish(node, topic, bodies[:200])
+    topic = f"cluster-{time.monotonic_ns()}"
+    sent: list[bytes] = []
+    counts = [0, 0]
 
-    def publish_the_rest() -> None:
-        # slowly, so that tasks hold messages whenever the executor is killed
-        for at in range(200, per_node, 40):
-            for node, bodies in zip(two_nsqd, per_node_bodies, strict=True):
-                publish(node, topic, bodies[at : at + 40])
+    def publish_chunk(size: int) -> None:
+        for i, node in enumerate(two_nsqd):
+            bodies = [f"n{i}-{j:06d}".encode() for j in range(counts[i], counts[i] + size)]
+            publish(node, topic, bodies)
+            counts[i] += size
+            sent.extend(bodies)
+
+    publish_chunk(200)
+    # the sender publishes slowly until a second after the kill: batches (and tasks holding
+    # messages) follow one another whenever the test looks for an executor to kill, however
+    # long Spark took to start
+    killed_at = threading.Event()
+
+    def publish_until_after_the_kill() -> None:
+        while not killed_at.is_set():
+            publish_chunk(10)
+            time.sleep(0.1)
+        for _ in range(10):
+            publish_chunk(10)
             time.sleep(0.1)
 
-    sender = threading.Thread(target=publish_the_rest, daemon=True)
+    sender = threading.Thread(target=publish_until_after_the_kill, daemon=True)
     # what a killed task held comes back after msg_timeout
     driver = Driver(
         spark_cluster.master,
@@ -334,20 +355,35 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
                     return jvm
             return None
 
-        killed = wait_for(holding, timeout=60, interval=0.02)
-        assert killed is not None
-        victims = _descendants(killed)
-        for pid in _alive(victims):
-            os.kill(pid, signal.SIGKILL)
+        try:
+            killed = wait_for(holding, timeout=120, interval=0.02)
+            assert killed is not None
+            victims = _descendants(killed)
+            for pid in _alive(victims):
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            killed_at.set()
+        sender.join(60)
+        assert not sender.is_alive()
         assert len(driver.rows()) < len(sent), "the executor should die mid-stream"
         # what the dead task held comes back after msg_timeout
-        rows = wait_for(
-            lambda: (r := driver.rows()) and {x["body"] for x in r} == set(sent) and r,
-            timeout=150,
-            interval=0.5,
-        )
+        expected = set(sent)
+        try:
+            rows = wait_for(
+                lambda: (r := driver.rows()) and {x["body"] for x in r} == expected and r,
+                timeout=150,
+                interval=0.5,
+            )
+        except AssertionError as exc:
+            missing = expected - {x["body"] for x in driver.rows()}
+            raise AssertionError(
+                f"{len(missing)} of {len(expected)} messages never written "
+                f"(e.g. {sorted(missing)[:5]}); nsqd: {[stats(n, topic) for n in two_nsqd]}; "
+                f"driver exit status: {driver.proc.poll()}"
+            ) from exc
     finally:
-        sender.join(120)
+        killed_at.set()
+        sender.join(60)
         watch.stop()
         driver.stop()
     copies = collections.Counter(r["body"] for r in rows)
@@ -383,3 +419,88 @@ def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
     # 80 MB of bodies: batches of at most max_bytes_per_trigger (64 MiB) each
     limit = (64 << 20) // size
     assert len(batches) >= 2 and max(len(b) for b in batches) <= limit, [len(b) for b in batches]
+
+
+@pytest.fixture
+def two_host_cluster() -> Iterator[Cluster]:
+    """A standalone cluster whose two workers are on two loopback addresses: Spark launches a
+    speculative copy of a task only on another host than the one the task runs on."""
+    from ._cluster import standalone_cluster
+
+    with standalone_cluster(worker_hosts=["127.0.0.1", "127.0.0.2"]) as cluster:
+        yield cluster
+
+
+def _task_events(events: Path) -> list[dict[str, Any]]:
+    """The task start and end events of the event logs in ``events``."""
+    found = []
+    for log in events.rglob("*"):
+        if not log.is_file() or log.name.startswith((".", "appstatus")):
+            continue
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] in ("SparkListenerTaskStart", "SparkListenerTaskEnd"):
+                found.append(event)
+    return found
+
+
+def test_speculative_copies_of_a_slow_task_lose_and_duplicate_nothing(
+    two_host_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
+) -> None:
+    topic, per_node = f"cluster-speculation-{time.monotonic_ns()}", 300
+    sent: list[bytes] = []
+    for i, node in enumerate(two_nsqd):
+        bodies = [f"n{i}-{j:05d}".encode() for j in range(per_node)]
+        publish(node, topic, bodies)
+        sent.extend(bodies)
+    events = tmp_path / "events"
+    events.mkdir()
+    conf = {
+        "spark.speculation": "true",
+        "spark.speculation.interval": "100ms",
+        "spark.speculation.multiplier": "1.2",
+        "spark.speculation.quantile": "0.5",
+        "spark.speculation.minTaskRuntime": "500ms",
+        # what the test reads back: which attempts ran, and how each ended
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": events.as_uri(),
+        "spark.eventLog.compress": "false",
+    }
+    # one batch of two tasks (one per nsqd); the first attempt of partition 0 writes its rows
+    # only after a minute, long after the other task ended: Spark copies it to the other
+    # worker, whose copy finds the rows staged
+    driver = Driver(
+        two_host_cluster.master,
+        two_nsqd,
+        topic,
+        tmp_path,
+        "body;id;attempts;nsqd",
+        env={
+            "NSQ_SPARK_CONF": ";".join(f"{k}={v}" for k, v in conf.items()),
+            "NSQ_SPARK_SLOW": "60",
+        },
+    )
+    try:
+        expected = set(sent)
+        wait_for(lambda: {x["body"] for x in driver.rows()} == expected, timeout=150, interval=0.5)
+    finally:
+        driver.stop()
+    copies = collections.Counter(r["body"] for r in driver.rows())  # all it wrote, stopped
+    assert [b for b, c in copies.items() if c > 1] == []  # not one duplicate
+    assert sorted(copies) == sorted(sent)
+    for node in two_nsqd:
+        final = stats(node, topic)
+        assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)
+    # Spark did copy the slow task, and took the copy's rows
+    attempts = [
+        (
+            e["Event"].removeprefix("SparkListenerTask"),
+            e["Task Info"]["Index"],
+            e["Task Info"]["Attempt"],
+            e["Task Info"]["Host"],
+            e["Task Info"]["Speculative"],
+            e.get("Task End Reason", {}).get("Reason"),
+        )
+        for e in _task_events(events)
+    ]
+    assert [a for a in attempts if a[0] == "End" and a[4] and a[5] == "Success"], attempts
