@@ -1,7 +1,10 @@
-"""The fault suite: every adapter, and the figures (recovery times, duplicates, memory) printed
-at the end of the run."""
+"""The fault suite: every adapter; the figures each scenario measured (recovery times,
+duplicates, memory) travel with its test's report and are printed at the end of the run
+(``tests/conftest.py``), from whichever pytest worker ran it."""
 
 from __future__ import annotations
+
+from collections.abc import Generator
 
 import pytest
 
@@ -12,8 +15,8 @@ from ._figures import FIGURES
 __all__ = ["anyio_backend", "lib", "way"]
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if FIGURES:
-        terminalreporter.section("fault suite figures")
-        for line in FIGURES:
-            terminalreporter.write_line(line)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    yield
+    while FIGURES:
+        item.user_properties.append(("figure", FIGURES.pop(0)))
