@@ -82,10 +82,10 @@ def test_a_consumer_reports_its_connection_errors() -> None:
 
 def test_is_starved_while_the_messages_nsqd_may_send_are_held(server: dict[str, str]) -> None:
     nsqd = server["nsqd TCP"]
-    with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
-        producer.publish("starved", b"a")
     with Consumer("starved", "c", nsqd_tcp_addresses=[nsqd], max_in_flight=1) as consumer:
-        assert consumer.is_starved() is False
+        assert consumer.is_starved() is False  # nothing published yet: nothing held
+        with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
+            producer.publish("starved", b"a")
         message = next(iter(consumer))
         assert consumer.is_starved() is True  # the one message RDY allows is held
         message.finish()
