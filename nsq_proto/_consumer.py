@@ -3,7 +3,9 @@
 It owns discovery (a fixed nsqd list with reconnect backoff, or lookupd polling), the
 connections (one :class:`Connection` each), in-flight bookkeeping, max_attempts, ordered
 consumption on the partitioned server and the graceful stop.  RDY distribution and backoff are
-decided by its :class:`~nsq_proto._rdy.RdyPlanner` (``_rdy.py``), which it tells what happened.
+decided by its :class:`~nsq_proto._rdy.RdyPlanner` (``_rdy.py``), which it tells what happened
+and which keeps its own per-connection records and deadline; the consumer writes the RDY
+commands it decides on.
 Like the connection it is driven by transport events, application calls and timers, each taking
 ``now``, and it speaks through one ordered output queue.
 
@@ -35,6 +37,7 @@ from ._events import (
     StartFromFailed,
     Stopped,
 )
+from ._features import DEFAULT_MAX_RDY_COUNT
 from ._lookupd import (
     LookupResult,
     Peer,
@@ -45,7 +48,7 @@ from ._message import Message
 from ._names import check_channel, check_topic
 from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
-from ._rdy import RdyPlanner
+from ._rdy import ConnRdy, RdyPlanner
 from ._state import CAN_ANSWER, CAN_RDY, CLOSING_STATES, ConnectionState
 from ._timers import TimerKind
 
@@ -70,12 +73,9 @@ class _Conn:
     address: tuple[str, int]
     partition: int | None
     ordered: bool
-    #: the RdyPlanner's (see RdyConn): the last RDY, what is left of it, when it was sent
-    #: and when the last message arrived
-    rdy: int = 0
-    remaining: int = 0
-    last_msg_at: float = 0.0
-    last_rdy_at: float = 0.0
+    #: the RdyPlanner's record of this connection once it subscribed: the handle its
+    #: per-message inputs take (the planner owns it; the consumer only passes it on)
+    planned: ConnRdy | None = None
     #: message id -> its newest delivery on this connection
     in_flight: dict[bytes, Message] = field(default_factory=dict)
     #: ids delivered again while an older delivery was still held -> deliveries unanswered
@@ -144,10 +144,9 @@ class Consumer(MultiConnectionCore[_Conn]):
         #: lookups in a row that listed no nsqd while the consumer had none
         self._empty_lookups = 0
         self._rdy = RdyPlanner(
-            self._conns,
-            self._timers,
-            self._outputs,
             self._rng,
+            send_rdy=self._send_rdy,
+            on_event=self._outputs.append,
             max_in_flight=cfg.max_in_flight,
             backoff=cfg.backoff,
             backoff_multiplier=cfg.backoff_multiplier,
@@ -174,27 +173,50 @@ class Consumer(MultiConnectionCore[_Conn]):
 
     # ------------------------------------------------------------------ outputs and time
 
+    def next_deadline(self) -> float | None:
+        deadline = super().next_deadline()
+        planned = self._rdy.next_deadline()
+        if planned is not None and (deadline is None or planned < deadline):
+            return planned
+        return deadline
+
     def handle_timer(self, now: float) -> None:
         self._now = now
         self._fire_connection_timers(now)
-        for kind, arg in self._timers.pop_due(now):
-            if kind is TimerKind.LOOKUPD_POLL:
-                self._poll(now)
-            elif kind is TimerKind.LOOKUPD_RECHECK:
-                self._recheck(now)
-            elif kind is TimerKind.HTTP_TIMEOUT:
-                assert isinstance(arg, int)
-                self._http_error(arg, LookupdError("lookupd request timed out"))
-            elif kind is TimerKind.RECONNECT:
-                assert isinstance(arg, tuple)
-                address, partition = arg
-                self._connect(address, partition, now)
-            elif kind is TimerKind.BACKOFF_END:
-                self._rdy.backoff_window_over(now)
-            elif kind is TimerKind.RDY_REDISTRIBUTE:
-                self._rdy.redistribute(now)
-            elif kind is TimerKind.STOP_TIMEOUT:
-                self._stop_timeout(now)
+        rdy = self._rdy
+        planned = rdy.next_deadline()
+        if planned is None or planned > now:
+            for kind, arg in self._timers.pop_due(now):
+                self._fire(kind, arg, now)
+            return
+        # the planner's timers are due too: run everything in deadline order (the consumer's
+        # own first on a tie)
+        for deadline, (kind, arg) in self._timers.pop_due_timed(now):
+            if planned is not None and planned < deadline:
+                rdy.handle_timer(now)
+                planned = None
+            self._fire(kind, arg, now)
+        if planned is not None:
+            rdy.handle_timer(now)
+
+    def _fire(self, kind: TimerKind, arg: object, now: float) -> None:
+        if kind is TimerKind.LOOKUPD_POLL:
+            self._poll(now)
+        elif kind is TimerKind.LOOKUPD_RECHECK:
+            self._recheck(now)
+        elif kind is TimerKind.HTTP_TIMEOUT:
+            assert isinstance(arg, int)
+            self._http_error(arg, LookupdError("lookupd request timed out"))
+        elif kind is TimerKind.RECONNECT:
+            assert isinstance(arg, tuple)
+            address, partition = arg
+            self._connect(address, partition, now)
+        elif kind is TimerKind.STOP_TIMEOUT:
+            self._stop_timeout(now)
+
+    def _send_rdy(self, conn_id: ConnId, count: int) -> None:
+        """Carry out one of the planner's RDY decisions."""
+        self._conns[conn_id].conn.rdy(count)
 
     # ------------------------------------------------------------------ start and discovery
 
@@ -410,6 +432,10 @@ class Consumer(MultiConnectionCore[_Conn]):
         rdy = self._rdy
         max_attempts = self.config.max_attempts
         while items := conn.outputs():
+            planned = rec.planned
+            if planned is not None and planned.can_rdy and conn.state not in CAN_RDY:
+                # closing or closed (its events are in ``items``): no more RDY on it
+                rdy.connection_closing(rec.conn_id)
             self._pump_items(rec, conn, items, out, rdy, max_attempts, now)
             if self._requeue_arrivals and conn.state is _S.CLOSE_WAIT and not rec.in_flight:
                 # nsqd may write a message it took before our CLS right after its CLOSE_WAIT:
@@ -426,6 +452,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         max_attempts: int,
         now: float,
     ) -> None:
+        planned = rec.planned  # the planner's record (set: messages come only after SUB)
         for item in items:
             if type(item) is MessageReceived:
                 message = item.message
@@ -436,10 +463,12 @@ class Consumer(MultiConnectionCore[_Conn]):
                     if conn.state in CAN_ANSWER:
                         conn.requeue(message.id, 0.0)
                         self.messages_requeued += 1
-                    rdy.message_received(rec, now, False)
+                    if planned is not None:
+                        rdy.message_received(planned, now, False)
                     continue
                 if max_attempts and message.attempts > max_attempts:
-                    rdy.message_received(rec, now, False)
+                    if planned is not None:
+                        rdy.message_received(planned, now, False)
                     self.messages_given_up += 1
                     finish = self.config.finish_given_up
                     if finish:
@@ -450,7 +479,8 @@ class Consumer(MultiConnectionCore[_Conn]):
                     continue
                 held = rec.in_flight.get(message.id)
                 if rec.ordered and self._repeat(rec, held, message):
-                    rdy.message_received(rec, now, False)
+                    if planned is not None:
+                        rdy.message_received(planned, now, False)
                     continue
                 if held is not None:
                     # delivered again while a copy is held (msg_timeout passed, or the
@@ -458,10 +488,12 @@ class Consumer(MultiConnectionCore[_Conn]):
                     rec.copies[message.id] = rec.copies.get(message.id, 1) + 1
                 rec.in_flight[message.id] = message
                 out.append(item)
-                rdy.message_received(rec, now, True)
+                if planned is not None:
+                    rdy.message_received(planned, now, True)
             elif isinstance(item, Ready):
                 out.append(item)
                 self._on_ready(rec, now)
+                planned = rec.planned
             elif isinstance(item, ConnectionClosed):
                 out.append(item)
                 self._on_closed(rec, item, now)
@@ -513,7 +545,15 @@ class Consumer(MultiConnectionCore[_Conn]):
             rec.conn.close("consumer stopping")
             return
         rec.conn.subscribe(self.topic, self.channel, rec.partition, ordered=rec.ordered)
-        self._rdy.connection_ready(rec, now)
+        features = rec.conn.features
+        rec.planned = self._rdy.connection_ready(
+            rec.conn_id,
+            now,
+            ordered=rec.ordered,
+            max_rdy_count=(
+                features.max_rdy_count if features is not None else DEFAULT_MAX_RDY_COUNT
+            ),
+        )
 
     def _on_error(self, rec: _Conn, event: ErrorReceived, now: float) -> None:
         if event.code == "E_SUB_ORDER_IS_MUST":
@@ -527,7 +567,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._by_key.get(rec.key) == rec.conn_id:
             del self._by_key[rec.key]
         # its RDY goes to the others (nothing is sent once stopping)
-        self._rdy.connection_closed(rec, now)
+        self._rdy.connection_closed(rec.conn_id, now)
         # messages still held by the application come back from nsqd after msg_timeout
         rec.in_flight.clear()
         rec.copies.clear()
@@ -762,8 +802,8 @@ class Consumer(MultiConnectionCore[_Conn]):
             if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
                 rec.conn.close("consumer stopped")
                 self._pump(rec, now)
-        else:
-            self._rdy.answered(rec, now)
+        elif rec.planned is not None:
+            self._rdy.answered(rec.planned, now)
         # the commands wait in the connection's buffer: the next outputs() call sends every
         # answer given since in one write
 
@@ -868,9 +908,10 @@ class Consumer(MultiConnectionCore[_Conn]):
     def is_starved(self) -> bool:
         """The client guide's test: some connection has in-flight messages at >= 85 % of its
         last RDY, so the application should process the batch it holds."""
+        rdy = self._rdy
         for rec in self._conns.values():
             n = len(rec.in_flight)
-            if n > 0 and n >= rec.rdy * 0.85:
+            if n > 0 and n >= rdy.rdy(rec.conn_id) * 0.85:
                 return True
         return False
 
@@ -882,9 +923,9 @@ class Consumer(MultiConnectionCore[_Conn]):
             rec.conn_id,
             rec.key,
             rec.conn.state.value,
-            rec.rdy,
+            self._rdy.rdy(rec.conn_id),
             len(rec.in_flight),
-            rec.last_msg_at,
+            self._rdy.last_message_at(rec.conn_id),
             rec.address,
             rec.partition,
         )

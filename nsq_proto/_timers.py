@@ -23,10 +23,6 @@ class TimerKind(Enum):
     #: connect again to an nsqd (the key's argument: its address, with a partition for the
     #: consumer), after the reconnect backoff
     RECONNECT = "RECONNECT"
-    #: the backoff window is over: test the waters with RDY 1
-    BACKOFF_END = "BACKOFF_END"
-    #: periodic RDY redistribution (max_in_flight < connections, or backoff)
-    RDY_REDISTRIBUTE = "RDY_REDISTRIBUTE"
     #: a graceful stop waited long enough for the application
     STOP_TIMEOUT = "STOP_TIMEOUT"
     #: a publish's retry backoff is over (producer; the key's argument: its request id)
@@ -64,7 +60,12 @@ class Timers:
         return min(self._deadlines.values(), default=None)
 
     def pop_due(self, now: float) -> list[TimerKey]:
+        """Take off every key due at ``now``, in deadline order (ties: in the order set)."""
+        return [key for _, key in self.pop_due_timed(now)]
+
+    def pop_due_timed(self, now: float) -> list[tuple[float, TimerKey]]:
+        """:meth:`pop_due`, each key with its deadline."""
         due = sorted((d, i, k) for i, (k, d) in enumerate(self._deadlines.items()) if d <= now)
         for _, _, key in due:
             del self._deadlines[key]
-        return [key for _, _, key in due]
+        return [(d, key) for d, _, key in due]

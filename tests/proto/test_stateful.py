@@ -13,7 +13,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from nsq_proto import MessageReceived, Send
 from nsq_proto._consumer import Consumer, ConsumerConfig
 from nsq_proto._outputs import Close, Connect
-from nsq_proto._timers import TimerKind
 
 from .helpers import identify_response, message, response
 
@@ -207,7 +206,7 @@ class ConsumerMachine(RuleBasedStateMachine):
             and core.max_in_flight > 0
             and core.total_rdy == 0
             and not self.held
-            and (TimerKind.BACKOFF_END, None) not in core._timers
+            and not core._rdy.in_backoff_window
         )
         if not stuck:
             self.stuck_since = None
