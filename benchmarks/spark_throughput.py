@@ -259,6 +259,8 @@ def bench_source(
         reader = reader.option("max_in_flight", str(args.max_in_flight))
     if args.max_messages_per_trigger:
         reader = reader.option("max_messages_per_trigger", str(args.max_messages_per_trigger))
+    if args.max_messages_per_partition:
+        reader = reader.option("max_messages_per_partition", str(args.max_messages_per_partition))
     return run_query(args, spark, reader.load(), "source", args.count)
 
 
@@ -387,6 +389,12 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=0, help="default: the source's")
     parser.add_argument(
         "--max-messages-per-trigger", type=int, default=0, help="default: the source's"
+    )
+    parser.add_argument(
+        "--max-messages-per-partition",
+        type=int,
+        default=0,
+        help="default: the source's (read_mode executors)",
     )
     parser.add_argument("--columns", default="all", help="all, or a comma-separated list")
     parser.add_argument(
