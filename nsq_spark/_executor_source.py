@@ -13,7 +13,9 @@ A task (on an executor) reads its partition:
 * if rows are staged for (run, batch, partition), it returns them: a task or a batch that
   runs again gives the same rows;
 * otherwise it connects to its nsqd, consumes up to its share (messages and bytes: RDY grows
-  with what the first messages weigh), stages the rows (``_staging``: a temporary file moved
+  with what the first messages weigh; at most nsqd's ``max_rdy_count``, which nsqd lets one
+  connection hold unanswered: the rest of a larger share waits for a later batch), stages
+  the rows (``_staging``: a temporary file moved
   to its name, the first writer wins), then FINishes them; an attempt that lost the race
   requeues what it consumed and returns the winner's rows.  What nsqd delivered beyond the
   share is requeued before the connection closes.
@@ -270,6 +272,9 @@ async def _consume_and_stage(
     extra: list[nsq_anyio.Message] = []
     size = 0
     async with nsq_anyio.Consumer(o.topic, o.channel, **kwargs) as consumer:
+        #: nsqd's max_rdy_count on the connection: nsqd sends no more than that many messages
+        #: before some are answered, and none is answered before the rows are staged
+        held_limit: int | None = None
         while len(taken) < part.messages:
             wait = o.task_idle_timeout if taken else max(FIRST_MESSAGE_WAIT, o.task_idle_timeout)
             batch: list[nsq_anyio.Message] = []
@@ -286,13 +291,17 @@ async def _consume_and_stage(
                     extra.append(message)
             if extra:
                 break  # the share is full
+            if held_limit is None:
+                held_limit = _max_rdy_count(consumer)
+            if held_limit is not None and len(taken) >= held_limit:
+                break  # the rest of the share waits for a later batch
             # nsqd sends while fewer than RDY are unanswered: RDY is what is held plus what
             # the rest of the share may still take, judged by the mean size so far
             mean = max(1.0, size / len(taken))
             room = min(part.messages - len(taken), int((part.bytes - size) / mean))
             if room <= 0:
                 break
-            consumer.set_max_in_flight(min(cap, len(taken) + room))
+            consumer.set_max_in_flight(min(cap, held_limit or cap, len(taken) + room))
         consumer.set_max_in_flight(0)
         table = pa.Table.from_batches([record_batch(taken, arrow_schema, o.topic)])
         won = await anyio.to_thread.run_sync(stage, table)
@@ -311,6 +320,13 @@ async def _consume_and_stage(
                     await message.requeue(delay=0.0, backoff=False)
         # leaving the block requeues what arrived meanwhile and closes gracefully
     return table, won
+
+
+def _max_rdy_count(consumer: nsq_anyio.Consumer) -> int | None:
+    for connection in consumer.stats()["connections"]:
+        if connection["max_rdy_count"] is not None:
+            return connection["max_rdy_count"]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

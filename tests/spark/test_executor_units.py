@@ -5,6 +5,7 @@ location, and the reader called the way Spark calls it (the driver's calls and t
 from __future__ import annotations
 
 import pickle
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,26 @@ def test_bytes_bound_a_task_and_what_is_beyond_its_share_is_requeued(
     assert len(got) == 5 and sum(len(row["body"]) for row in got) == 5 * size
     stats = emulator.channel_stats(topic, "c")
     assert (stats.depth, stats.in_flight_count) == (15, 0)  # the rest went back at once
+
+
+def test_a_share_above_nsqds_max_rdy_count_ends_at_it_without_waiting(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    # nsqd lets a connection hold max_rdy_count (2,500) unanswered messages, and a task answers
+    # none before its rows are staged: it takes those and ends, rather than waiting
+    # task_idle_timeout for messages nsqd will not send
+    topic = "exec-max-rdy"
+    emulator.publish(topic, [f"m{i:04d}".encode() for i in range(3000)])
+    r = reader(emulator, topic, tmp_path, max_messages_per_partition=5000, task_idle_timeout=20)
+    start = r.initialOffset()
+    _end, parts = plan_next(r, start)
+    assert [p.part.messages for p in parts] == [3000]
+    started = time.monotonic()
+    got = rows(r, parts[0])
+    assert time.monotonic() - started < 10  # not the 20 s idle wait
+    assert len(got) == 2500
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count) == (500, 0)
 
 
 def test_an_attempt_that_loses_the_race_requeues_and_returns_the_winners_rows(
