@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._datasource import SCHEMA, NSQDataSource
+from ._datasource import SCHEMA, BatchReadNotSupported, NSQDataSource
 from ._executor_source import NSQExecutorStreamReader, NSQStagedPartition
 from ._options import OptionError
 from ._sink import NSQCommitMessage, NSQStreamWriter, NSQWriter
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEMA",
+    "BatchReadNotSupported",
     "ConnectTimeout",
     "NSQCommitMessage",
     "NSQDataSource",

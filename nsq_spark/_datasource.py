@@ -30,11 +30,25 @@ from ._options import parse_sink_options, parse_source_options
 from ._sink import NSQStreamWriter, NSQWriter, check_sink_schema
 from ._source import NSQStreamReader, RefusingStreamReader
 
-__all__ = ["NSQDataSource", "SCHEMA", "BATCH_READ_ERROR", "use_this_interpreter"]
+__all__ = [
+    "BATCH_READ_ERROR",
+    "BatchReadNotSupported",
+    "NSQDataSource",
+    "SCHEMA",
+    "use_this_interpreter",
+]
 
 log = logging.getLogger("nsq_spark")
 
-#: what ``spark.read.format("nsq")`` (a batch read) raises
+
+class BatchReadNotSupported(ValueError):
+    """``spark.read.format("nsq")``: the source reads streams only (its message says how to
+    read what waits now)."""
+
+
+BatchReadNotSupported.__module__ = "nsq_spark"
+
+#: the message of :class:`BatchReadNotSupported`
 BATCH_READ_ERROR = (
     "the nsq source reads streams only (reading a queue consumes it, so a batch DataFrame would "
     "take messages away each time it is computed): read the messages waiting now with "
@@ -89,7 +103,7 @@ class NSQDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         with _reported_alone():
-            raise NotImplementedError(BATCH_READ_ERROR)
+            raise BatchReadNotSupported(BATCH_READ_ERROR)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         try:
@@ -128,7 +142,7 @@ def _reported_alone() -> Iterator[None]:
     them; outside a Spark worker nothing changes."""
     try:
         yield
-    except (ValueError, NotImplementedError):
+    except ValueError:
         if "PYTHON_WORKER_FACTORY_SECRET" in os.environ:
             os.environ["SPARK_HIDE_TRACEBACK"] = "1"
         raise

@@ -156,5 +156,5 @@ def test_an_option_error_is_the_first_line_over_connect(connect_url: str) -> Non
         "nsq_spark.OptionError: option 'topic': 'a b' is not a topic name"
     )
     assert first_line(errors["batch"]).startswith(
-        "NotImplementedError: the nsq source reads streams only"
+        "nsq_spark.BatchReadNotSupported: the nsq source reads streams only"
     )

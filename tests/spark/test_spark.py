@@ -414,7 +414,7 @@ def test_a_batch_read_says_to_read_a_stream_with_available_now(spark: Any) -> No
     with pytest.raises(Exception) as info:
         df.collect()
     assert last_line(info.value) == (
-        "NotImplementedError: the nsq source reads streams only (reading a queue consumes it, so"
+        "nsq_spark.BatchReadNotSupported: the nsq source reads streams only (reading a queue consumes it, so"
         " a batch DataFrame would take messages away each time it is computed): read the"
         ' messages waiting now with spark.readStream.format("nsq") and'
         " .trigger(availableNow=True), which ends once it has read them, into a sink such as"
