@@ -1,0 +1,198 @@
+"""``nsq_client.Consumer`` and ``nsq_client.Producer`` on a scripted backend (``scripted.py``):
+the bytes they write and what they make of what nsqd sends, on the three kinds of stream
+(plain, ``send_nowait``, pushed reads), on asyncio and on trio."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from typing import Any
+
+import anyio
+import pytest
+
+import nsq_client
+from nsq_proto import ConnectionClosedError, ServerError
+
+from .scripted import (
+    KINDS,
+    Kind,
+    PushScriptedStream,
+    ScriptedBackend,
+    error,
+    message,
+    mid,
+    response,
+    scripted_network,
+    wait_until,
+)
+
+pytestmark = pytest.mark.anyio
+
+ADDRESS = "nsqd1:4150"
+OTHER = "nsqd2:4150"
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> Kind:
+    value: Kind = request.param
+    return value
+
+
+def consumer(backend: ScriptedBackend, *addresses: str, **options: Any) -> nsq_client.Consumer:
+    options.setdefault("max_in_flight", 1)
+    return nsq_client.Consumer(
+        "t", "c", backend=backend, nsqd_tcp_addresses=addresses or [ADDRESS], **options
+    )
+
+
+async def next_message(c: nsq_client.Consumer) -> nsq_client.Message:
+    with anyio.fail_after(5):
+        return await c.__anext__()
+
+
+async def test_a_consumer_writes_identify_once_connected_then_sub_then_rdy_as_nsqd_answers(
+    kind: Kind,
+) -> None:
+    backend = ScriptedBackend(kind)
+    backend.replies = {b"CLS": response(b"CLOSE_WAIT")}  # the rest is the test's
+    async with scripted_network(backend), consumer(backend):
+        await wait_until(lambda: backend.connections_to(ADDRESS) == 1)
+        stream = backend.stream(ADDRESS)
+        await wait_until(lambda: stream.names() == [b"IDENTIFY"])
+        assert stream.written[0].startswith(b"  V2IDENTIFY\n")
+        identify = stream.commands[0].body
+        assert identify is not None
+        assert json.loads(identify)["feature_negotiation"] is True
+        stream.feed(response(json.dumps({"max_rdy_count": 2500}).encode()))
+        await wait_until(lambda: b"SUB t c" in stream.lines())
+        assert stream.lines()[:2] == [b"IDENTIFY", b"SUB t c"]
+        stream.feed(response(b"OK"))
+        await wait_until(lambda: b"RDY 1" in stream.lines())
+        assert stream.lines() == [b"IDENTIFY", b"SUB t c", b"RDY 1"]
+    assert stream.lines()[3:] == [b"CLS"]
+    assert stream.closed
+
+
+async def test_a_message_read_reaches_the_application_and_its_fin_is_written(
+    kind: Kind,
+) -> None:
+    backend = ScriptedBackend(kind)
+    async with scripted_network(backend), consumer(backend) as c:
+        await wait_until(lambda: backend.connections_to(ADDRESS) == 1)
+        stream = backend.stream(ADDRESS)
+        await wait_until(lambda: b"RDY 1" in stream.lines())
+        stream.feed(message(mid(1), b"hello", attempts=2))
+        received = await next_message(c)
+        assert (received.body, received.id, received.attempts) == (b"hello", mid(1), 2)
+        assert received.nsqd_address == ADDRESS
+        await received.finish()
+        # written from the application's task before finish() returned
+        assert b"FIN " + mid(1) in stream.lines()
+        if kind == "push":
+            assert isinstance(stream, PushScriptedStream) and stream.pushes_started == 1
+
+
+async def test_a_failed_write_closes_that_connection_only(kind: Kind) -> None:
+    backend = ScriptedBackend(kind)
+    async with scripted_network(backend), consumer(backend, ADDRESS, OTHER, max_in_flight=2) as c:
+        await wait_until(
+            lambda: backend.connections_to(ADDRESS) == backend.connections_to(OTHER) == 1
+        )
+        failing, other = backend.stream(ADDRESS), backend.stream(OTHER)
+        await wait_until(lambda: b"RDY 1" in failing.lines() and b"RDY 1" in other.lines())
+        failing.feed(message(mid(1), b"one"))
+        first = await next_message(c)
+        reset = ConnectionResetError(104, "reset by peer")
+        failing.send_error = reset  # the FIN fails
+        await first.finish()
+        failing.feed(error(b"E_FIN_FAILED FIN failed"))  # what nsqd said before it went
+        failing.end()
+        await wait_until(lambda: len(c.connection_errors) == 1)
+        lost = c.connection_errors[0]
+        assert isinstance(lost, ConnectionClosedError)
+        assert lost.__cause__ is reset
+        assert [e.code for e in c.errors] == ["E_FIN_FAILED"]
+        assert failing.closed
+        # the other connection goes on
+        other.feed(message(mid(2), b"two"))
+        second = await next_message(c)
+        assert (second.body, second.nsqd_address) == (b"two", OTHER)
+        await second.finish()
+        assert b"FIN " + mid(2) in other.lines()
+        assert not other.closed
+
+
+async def test_a_consumer_upgrades_to_tls_when_nsqd_agrees_and_goes_on_over_it(
+    kind: Kind,
+) -> None:
+    backend = ScriptedBackend(kind, tls_v1=True)
+    async with scripted_network(backend), consumer(backend, tls=True) as c:
+        await wait_until(lambda: any(s.tls for s in backend.streams))
+        plain, tls = backend.streams
+        await wait_until(lambda: b"RDY 1" in tls.lines())
+        assert backend.handshakes == [(ADDRESS, "nsqd1")]
+        assert json.loads(plain.commands[0].body or b"")["tls_v1"] is True
+        assert plain.written == [plain.written[0]]  # the magic and IDENTIFY, nothing more
+        assert tls.lines() == [b"IDENTIFY", b"SUB t c", b"RDY 1"]  # (IDENTIFY: before it)
+        tls.feed(message(mid(1), b"secret"))
+        received = await next_message(c)
+        assert received.body == b"secret"
+        await received.finish()
+        assert tls.lines()[-1] == b"FIN " + mid(1)
+        if kind == "push":
+            assert isinstance(plain, PushScriptedStream) and isinstance(tls, PushScriptedStream)
+            assert not plain.pushing and tls.pushing
+
+
+@pytest.mark.parametrize(
+    ("failure", "permanent"),
+    [
+        (ssl.SSLCertVerificationError(1, "certificate verify failed"), True),
+        (ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), False),
+    ],
+    ids=["refused", "cut"],
+)
+async def test_a_failed_tls_handshake_closes_the_connection_with_a_transport_error(
+    kind: Kind, failure: ssl.SSLError, permanent: bool
+) -> None:
+    backend = ScriptedBackend(kind, tls_v1=True)
+    backend.tls_failure = failure
+    async with scripted_network(backend), consumer(backend, tls=True) as c:
+        await wait_until(lambda: len(c.connection_errors) > 0)
+        lost = c.connection_errors[0]
+        cause = lost.__cause__
+        assert isinstance(cause, nsq_client.TransportError)
+        assert cause.permanent is permanent
+        assert cause.__cause__ is failure
+        assert backend.stream(ADDRESS).closed
+
+
+async def test_an_alert_right_after_the_tls_handshake_is_nsqd_refusing_it(kind: Kind) -> None:
+    backend = ScriptedBackend(kind, tls_v1=True)
+    backend.after_handshake = None
+    async with scripted_network(backend), consumer(backend, tls=True) as c:
+        await wait_until(lambda: any(s.tls for s in backend.streams))
+        alert = ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] alert")
+        backend.stream(ADDRESS).end(alert)
+        await wait_until(lambda: len(c.connection_errors) > 0)
+        cause = c.connection_errors[0].__cause__
+        assert isinstance(cause, nsq_client.TransportError) and cause.permanent
+        assert cause.__cause__ is alert
+
+
+async def test_a_publish_is_written_from_the_caller_and_returns_once_nsqd_said_ok(
+    kind: Kind,
+) -> None:
+    backend = ScriptedBackend(kind)
+    async with scripted_network(backend):
+        async with nsq_client.Producer(backend=backend, nsqd_tcp_addresses=[ADDRESS]) as p:
+            with anyio.fail_after(5):
+                await p.publish("t", b"one")
+            stream = backend.stream(ADDRESS)
+            assert stream.lines() == [b"IDENTIFY", b"PUB t"]
+            stream.replies[b"PUB"] = error(b"E_BAD_MESSAGE refused")
+            with anyio.fail_after(5), pytest.raises(ServerError):
+                await p.publish("t", b"two")
+            assert [c.body for c in stream.commands[1:]] == [b"one", b"two"]
+    assert stream.closed
