@@ -217,6 +217,28 @@ async def test_bytes_before_a_start_tls_go_out_before_the_handshake_and_those_af
             assert not plain.pushing and tls.pushing
 
 
+async def test_what_arrives_after_the_read_that_asked_for_tls_is_left_to_the_handshake(
+    kind: Kind,
+) -> None:
+    async with driven(kind) as h:
+        h.backend.after_handshake = None
+        await h.connected()
+
+        def answer(conn_id: int, data: bytes) -> None:
+            if data == b"tls please":
+                h.core.queue(StartTLS(conn_id))
+
+        h.core.on_receive = answer
+        plain = h.backend.stream(ADDRESS)
+        plain.feed(b"tls please")
+        plain.feed(b"ServerHello")  # at once: before the connection's task runs again
+        await wait_until(lambda: ("tls_established", "1", b"") in h.backend.log)
+        h.backend.stream(ADDRESS).feed(b"over tls")
+        await wait_until(lambda: ("receive_data", "1", b"over tls") in h.backend.log)
+        fed = [data for what, _, data in h.backend.log if what == "receive_data"]
+        assert fed == [b"tls please", b"over tls"]
+
+
 async def test_the_handshake_checks_the_connected_host_unless_a_tls_hostname_is_given(
     kind: Kind,
 ) -> None:
