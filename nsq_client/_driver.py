@@ -2,15 +2,19 @@
 
 It makes no protocol decision: it connects, writes, starts TLS, closes and reads when the core
 says so, feeds the core bytes and the loop's time, and sleeps until the core's next deadline.
+
+Three pieces: :class:`Driver` carries out the core's outputs, all of them in one place
+(:meth:`Driver._carry_out`, from a task or from a callback of the loop), and keeps the
+connections; each connection (:class:`_Link`) has a :class:`_Writer`, which puts the core's
+bytes on its stream in order, one write at a time, and a :class:`_Reader`, which feeds what
+the stream reads (or hands over) to the core and carries out the TLS upgrade.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, cast
 
 from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, NSQError, Send, StartTLS
@@ -38,32 +42,331 @@ def _transport_error(msg: str, permanent: bool) -> TransportError:
     return TransportError(msg, permanent=permanent)
 
 
-@dataclass(eq=False)
 class _Link:
-    conn_id: int
-    host: str
-    port: int
-    stream: Stream | None = None
-    #: the stream's ``send_nowait``, when it has one (see :class:`NowaitStream`)
-    send_nowait: Callable[[bytes], bool] | None = None
-    read_scope: ScopeLike | None = None
-    upgrade: bool = False
-    closed: bool = False
-    pending: list[bytes] = field(default_factory=list)
-    #: set while a write is under way (one writer at a time; others queue in ``pending``)
-    sending: EventLike | None = None
-    #: TLS is up and nothing was read since
-    tls_fresh: bool = False
-    #: a write failed because the peer went away: the read loop reports it once it has read
-    #: what the peer said before (often the error that made it close)
-    write_error: BaseException | None = None
-    #: while a :class:`PushStream` hands reads over: set at its end or on a failure
-    push_done: EventLike | None = None
-    #: the stream ended (``end_error``: None at a clean end)
-    ended: bool = False
-    end_error: BaseException | None = None
-    #: what a pushed read raised, for the connection's task to raise
-    push_failure: Exception | None = None
+    """One connection to nsqd: its address and stream, whether it is over, and the two
+    machines that use the stream (its :class:`_Writer` and its :class:`_Reader`)."""
+
+    __slots__ = ("closed", "conn_id", "host", "port", "reader", "stream", "writer")
+
+    def __init__(self, driver: Driver, conn_id: int, host: str, port: int) -> None:
+        self.conn_id = conn_id
+        self.host = host
+        self.port = port
+        #: None until connected; the TLS stream once upgraded
+        self.stream: Stream | None = None
+        #: the core closed it, or it was lost: nothing more is written or read
+        self.closed = False
+        self.writer = _Writer(driver, self)
+        self.reader = _Reader(driver, self)
+
+
+class _Writer:
+    """Writes a connection's bytes in the order the core gave them, one write at a time.
+
+    :meth:`offer` takes each ``Send`` without waiting: a stream with room
+    (:class:`NowaitStream`) takes it at once; bytes that cannot go yet (before the
+    connection is made, during a TLS upgrade, behind a write under way) wait in
+    ``pending``; otherwise the caller gets the write turn and runs :meth:`write`, which waits
+    for room.  A write the peer refused is kept in ``error`` for the reader to report (the
+    peer's last words, often the error that made it close, are read first); a write slower
+    than ``write_timeout`` closes the connection at once.
+    """
+
+    __slots__ = ("_driver", "_link", "_nowait", "busy", "error", "held", "pending")
+
+    def __init__(self, driver: Driver, link: _Link) -> None:
+        self._driver = driver
+        self._link = link
+        #: the stream's ``send_nowait``, when it has one (see :class:`NowaitStream`)
+        self._nowait: Callable[[bytes], bool] | None = None
+        #: bytes waiting for the stream to be ready or for the write under way
+        self.pending: list[bytes] = []
+        #: set while a write is under way (the write turn): set once it is done
+        self.busy: EventLike | None = None
+        #: True until connected and while a TLS upgrade is under way: bytes wait
+        self.held = True
+        #: a write failed because the peer went away (the reader reports it)
+        self.error: BaseException | None = None
+
+    def offer(self, data: bytes) -> bool:
+        """Hand ``data`` over without waiting.  True once dealt with: written by a stream
+        with room, queued in ``pending`` (until the stream is ready, or for the write under
+        way), or dropped with a connection that is over.  False when it must be written
+        waiting for room: it is queued and the write turn (``busy``) is the caller's, who
+        must run :meth:`write` (now, or in a task of its own)."""
+        if self._link.closed or self.error is not None:
+            return True
+        if self.held or self.busy is not None:
+            self.pending.append(data)  # written once ready, or by the write under way
+            return True
+        nowait = self._nowait
+        if nowait is not None:
+            # a stream with room takes the bytes at once: no other writer can come between,
+            # so no event for them to wait on and no write-timeout scope
+            try:
+                if nowait(data):
+                    return True
+            except self._driver._write_failures as exc:
+                # the peer closed or reset: the reader reports it once it read what came first
+                self.error = exc
+                return True
+        self.pending.append(data)
+        self.busy = self._driver.backend.event()
+        return False
+
+    async def write(self) -> None:
+        """Write what is pending, then what queued meanwhile, until none is left (or a TLS
+        upgrade holds it back); the caller has the write turn (``busy``), given back (and
+        set) once done."""
+        done = self.busy
+        link = self._link
+        stream = link.stream
+        assert done is not None and stream is not None
+        driver = self._driver
+        backend = driver.backend
+        timeout = driver._write_timeout
+        pending = self.pending
+        try:
+            while True:
+                data = b"".join(pending)
+                pending.clear()
+                # once taken from the core, bytes must reach the socket even if this task is
+                # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
+                with backend.cancel_scope(deadline=driver._clock() + timeout, shield=True) as scope:
+                    await stream.send(data)
+                if getattr(scope, "cancelled_caught", False):
+                    # part of a command may be on the wire: the connection cannot go on
+                    raise TransportError(
+                        f"writing to {link.host}:{link.port} took over {timeout} s"
+                    )
+                if not pending or self.held:
+                    break
+        except driver._write_failures as exc:
+            self.busy = None
+            done.set()
+            if isinstance(exc, TransportError):
+                await driver._lost(link, exc)  # too slow: the peer may be frozen, close now
+            else:
+                # the peer closed or reset: its last words (an error frame) may be unread
+                # yet; the reader reaches the end of the stream at once and reports this
+                self.error = exc
+            return
+        self.busy = None
+        done.set()
+
+    async def release(self) -> None:
+        """The link's stream is ready (connected, or upgraded to TLS): write to it from now
+        on, what was held back first."""
+        self._nowait = getattr(self._link.stream, "send_nowait", None)
+        self.held = False
+        if self.pending and self.busy is None:
+            self.busy = self._driver.backend.event()
+            await self.write()
+
+
+class _Reader:
+    """Reads a connection into the core, in the connection's task, and carries out its TLS
+    upgrade there.
+
+    A :class:`PushStream` hands its reads over from the loop's callbacks instead
+    (:meth:`_pushed`): the bytes reach the core, and its outputs the socket, in that
+    callback.  A ``StartTLS`` stops the reads (:meth:`start_upgrade`); the handshake runs in
+    the read's place, then the reads go on over TLS.  The end of the stream is reported once
+    (:meth:`_end`), with the error that says best why it came.
+    """
+
+    __slots__ = (
+        "_done",
+        "_driver",
+        "_end_error",
+        "_ended",
+        "_failure",
+        "_link",
+        "_scope",
+        "tls_fresh",
+        "upgrading",
+    )
+
+    def __init__(self, driver: Driver, link: _Link) -> None:
+        self._driver = driver
+        self._link = link
+        #: the scope of the read (or the handshake) under way, to cancel it
+        self._scope: ScopeLike | None = None
+        #: a StartTLS came: the handshake is next
+        self.upgrading = False
+        #: TLS is up and nothing was read since
+        self.tls_fresh = False
+        #: while a :class:`PushStream` hands reads over: set at its end or on a failure
+        self._done: EventLike | None = None
+        #: the stream ended (``_end_error``: None at a clean end)
+        self._ended = False
+        self._end_error: BaseException | None = None
+        #: what a pushed read raised, for the connection's task to raise
+        self._failure: Exception | None = None
+
+    def stop(self) -> None:
+        """Cancel the read (or the handshake) under way: the connection is closing, or
+        upgrading."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def start_upgrade(self) -> None:
+        """A StartTLS: stop reading (what comes now stays unread until the handshake), and
+        run the handshake next."""
+        self.upgrading = True
+        stop_pushing = getattr(self._link.stream, "stop_pushing", None)
+        if stop_pushing is not None:
+            stop_pushing()
+        self.stop()
+
+    async def run(self) -> None:
+        """Read until the connection is over (the connection's task)."""
+        link = self._link
+        driver = self._driver
+        backend = driver.backend
+        core = driver.core
+        while not link.closed:
+            if self.upgrading:
+                if not await self._upgrade():
+                    return
+                continue
+            stream = link.stream
+            assert stream is not None
+            if hasattr(stream, "start_pushing"):
+                if await self._pushed_reads(cast(PushStream, stream)):
+                    continue
+                return
+            data: bytes | None = None
+            with backend.cancel_scope() as scope:
+                self._scope = scope
+                try:
+                    data = await stream.receive()
+                except backend.io_errors as exc:
+                    self._scope = None
+                    await self._end(exc)
+                    return
+                self._scope = None
+            if data is None:
+                continue  # the read was cancelled: an upgrade or a close
+            if not data:
+                await self._end(None)
+                return
+            self.tls_fresh = False
+            core.receive_data(link.conn_id, data, driver._clock())
+            # the events and answers of these bytes, from this task: one hop less
+            await driver.drain_here()
+
+    async def _end(self, error: BaseException | None) -> None:
+        """The stream ended (``error`` None: cleanly): the connection is lost, with the
+        error that says best why: nsqd refusing the TLS handshake (an alert right after it:
+        TLS 1.3 servers refuse a client certificate only after the client's side is done),
+        else a write the peer refused, else the stream's own."""
+        link = self._link
+        refused = self._refusal(error) if error is not None and self.tls_fresh else None
+        await self._driver._lost(link, refused or link.writer.error or error)
+
+    async def _pushed_reads(self, stream: PushStream) -> bool:
+        """Let ``stream`` hand reads over (:meth:`_pushed`) until its end, a close or a TLS
+        upgrade; False once the connection is over."""
+        backend = self._driver.backend
+        self._done = done = backend.event()
+        try:
+            with backend.cancel_scope() as scope:
+                self._scope = scope
+                stream.start_pushing(self._pushed, self._push_ended)
+                await done.wait()
+        finally:
+            self._scope = None
+            stream.stop_pushing()
+        failure = self._failure
+        if failure is not None:
+            raise failure
+        if not self._ended:
+            return True  # cancelled: an upgrade or a close (the loop looks)
+        await self._end(self._end_error)
+        return False
+
+    def _pushed(self, data: bytes) -> None:
+        """Bytes a :class:`PushStream` handed over: into the core, and its outputs out, here."""
+        link = self._link
+        if link.closed:
+            return
+        self.tls_fresh = False
+        driver = self._driver
+        try:
+            driver.core.receive_data(link.conn_id, data, driver._clock())
+            driver._drain_now()
+        except Exception as exc:
+            # raised in the connection's task, as a read there would (not into the loop)
+            self._failure = exc
+            assert link.stream is not None and self._done is not None
+            cast(PushStream, link.stream).stop_pushing()
+            self._done.set()
+
+    def _push_ended(self, error: BaseException | None) -> None:
+        self._ended = True
+        self._end_error = error
+        assert self._done is not None
+        self._done.set()
+
+    async def _upgrade(self) -> bool:
+        """The TLS handshake, then the stream is the TLS one; False once the connection is
+        over."""
+        link = self._link
+        writer = link.writer
+        driver = self._driver
+        backend = driver.backend
+        assert link.stream is not None
+        if writer.busy is not None:
+            # the write that carried IDENTIFY may still be returning (nsqd answered first):
+            # the handshake writes on the same stream, after it (new bytes are held back)
+            await writer.busy.wait()
+        context = driver._ssl_context
+        if context is None:
+            context = backend.default_ssl_context()
+        hostname = driver._tls_hostname or link.host
+        upgraded: Stream | None = None
+        # cancellable like a read: the core closes a link whose handshake takes too long
+        with backend.cancel_scope() as scope:
+            self._scope = scope
+            try:
+                upgraded = await backend.start_tls(
+                    link.stream, context, hostname if backend.ssl_check_hostname(context) else None
+                )
+            except backend.io_errors as exc:
+                self._scope = None
+                error = self._refusal(exc)
+                if error is None:
+                    error = TransportError(
+                        f"TLS handshake with {link.host}:{link.port} failed: {exc}"
+                    )
+                    error.__cause__ = exc
+                await driver._lost(link, error)
+                return False
+            self._scope = None
+        if upgraded is None:
+            return False  # closed meanwhile
+        link.stream = upgraded
+        self.upgrading = False
+        self.tls_fresh = True
+        driver.core.tls_established(link.conn_id, backend.current_time())
+        await writer.release()
+        driver.wake()
+        return True
+
+    def _refusal(self, exc: BaseException) -> TransportError | None:
+        """A TLS error in ``exc``'s chain as a permanent TransportError (the handshake was
+        refused), or None."""
+        backend = self._driver.backend
+        tls = _find(exc, backend.tls_errors)
+        if tls is None or isinstance(tls, backend.transient_tls_errors):
+            return None
+        link = self._link
+        error = TransportError(
+            f"TLS handshake with {link.host}:{link.port} failed: {tls}", permanent=True
+        )
+        error.__cause__ = exc
+        return error
 
 
 class Driver:
@@ -114,7 +417,8 @@ class Driver:
         produced goes out without a hop to the pump task (the latency of a publish, of a
         read).  Wakes the pump task when the core's next deadline moved before the one it
         sleeps until."""
-        await self._drain(wait=True)
+        while (waiting := self._carry_out(None, wait=True)) is not None:
+            await waiting
         deadline = self.core.next_deadline()
         if deadline is not None and deadline < self._sleeping_until:
             self.wake()
@@ -135,7 +439,7 @@ class Driver:
             self._wake = backend.event()
             self._woken = False
             core.handle_timer(self._clock())  # an early call does nothing
-            await self._drain()
+            await self.flush()
             if self._wake.is_set():
                 continue
             deadline = core.next_deadline()
@@ -153,11 +457,12 @@ class Driver:
         self.start(task_group)
         for link in self._links.values():
             if link.stream is not None and not link.closed:
-                task_group.start_soon(self._read_loop, link)
+                task_group.start_soon(link.reader.run)
 
     async def flush(self) -> None:
         """Carry out every pending output now (when the pump task may be cancelled)."""
-        await self._drain()
+        while (waiting := self._carry_out(None)) is not None:
+            await waiting
 
     async def aclose(self) -> None:
         """Close every transport still open."""
@@ -165,156 +470,113 @@ class Driver:
             self._links.pop(link.conn_id, None)
             await self._shut(link)
 
-    async def _drain(self, *, wait: bool = False) -> None:
-        """Carry out the core's outputs; with ``wait``, bytes handed to a write already under
-        way on their connection (another task's) are waited for until written."""
+    def _carry_out(
+        self, spawn: TaskGroupLike | None, wait: bool = False
+    ) -> Awaitable[object] | None:
+        """Carry out the core's outputs, in order, up to one that must be waited for, and
+        return that wait (the caller awaits it, then calls again); None once there are no
+        more.  Every output is carried out here, whoever calls:
+
+        - ``spawn`` None: from a task (the pump task, or a call into the core that drains
+          at once).  With ``wait``, bytes handed to a write already under way on their
+          connection (another task's) are waited for until written.
+        - ``spawn`` a task group: from a callback of the loop (a pushed read), which cannot
+          wait: a write that must wait and a close go on in tasks of that group (later bytes
+          queue behind the write), and None is returned at the end.
+        """
         core = self.core
         on_event = self._on_event
+        links = self._links
         while (out := core.next_output()) is not None:
             if isinstance(out, Event):
                 on_event(out)
             elif type(out) is Send:
-                await self._send(out.conn_id, out.data, wait)
+                link = links.get(out.conn_id)
+                if link is None:
+                    continue  # closed: the bytes go nowhere
+                writer = link.writer
+                if writer.offer(out.data):
+                    if wait and writer.busy is not None and not writer.held:
+                        return writer.busy.wait()  # ours go next; bounded by its deadline
+                elif spawn is not None:
+                    spawn.start_soon(writer.write)
+                else:
+                    return writer.write()
             elif isinstance(out, Connect):
                 self._connect(out)
             elif isinstance(out, StartTLS):
                 self._start_tls(out)
             elif isinstance(out, Close):
-                closing = self._links.pop(out.conn_id, None)
+                closing = links.pop(out.conn_id, None)
                 if closing is not None:
-                    await self._shut(closing)
+                    if spawn is None:
+                        return self._shut(closing)
+                    spawn.start_soon(self._shut, closing)
             elif isinstance(out, HttpRequest):
                 assert self._tg is not None
                 self._tg.start_soon(self._http, out)
+        return None
 
     def _drain_now(self) -> None:
         """Carry out the core's outputs without waiting, from a callback of the loop (a
-        pushed read): bytes a stream takes at once are written here, a write that must wait
-        and a close go on in a task of their own."""
-        core = self.core
-        on_event = self._on_event
-        tg = self._tg
-        assert tg is not None
-        while (out := core.next_output()) is not None:
-            if isinstance(out, Event):
-                on_event(out)
-            elif type(out) is Send:
-                self._send_now(out.conn_id, out.data)
-            elif isinstance(out, Connect):
-                self._connect(out)
-            elif isinstance(out, StartTLS):
-                self._start_tls(out)
-            elif isinstance(out, Close):
-                closing = self._links.pop(out.conn_id, None)
-                if closing is not None:
-                    tg.start_soon(self._shut, closing)
-            elif isinstance(out, HttpRequest):
-                tg.start_soon(self._http, out)
-        deadline = core.next_deadline()
+        pushed read); wake the pump task when the core's next deadline moved before the one
+        it sleeps until."""
+        assert self._tg is not None
+        self._carry_out(self._tg)
+        deadline = self.core.next_deadline()
         if deadline is not None and deadline < self._sleeping_until:
             self.wake()
 
     def _connect(self, out: Connect) -> None:
-        link = _Link(out.conn_id, out.host, out.port)
+        link = _Link(self, out.conn_id, out.host, out.port)
         self._links[out.conn_id] = link
         assert self._tg is not None
-        self._tg.start_soon(self._connection, link, out.port, out.timeout)
+        self._tg.start_soon(self._connection, link, out.timeout)
 
-    def _write_now(self, link: _Link | None, data: bytes) -> bool:
-        """Hand ``data`` to ``link`` without waiting: True once dealt with (written by a
-        stream with room, queued for the connect, the TLS upgrade or the write under way, or
-        dropped with a link that is gone); False when it must be written waiting for room."""
-        if link is None or link.closed or link.write_error is not None:
-            return True
-        if link.stream is None or link.upgrade or link.sending is not None:
-            link.pending.append(data)  # written once connected, TLS is up, or by the writer
-            return True
-        nowait = link.send_nowait
-        if nowait is None:
-            return False
-        # a stream with room takes the bytes at once: no other writer can come between, so
-        # no event for them to wait on and no write-timeout scope
-        try:
-            return nowait(data)
-        except self._write_failures as exc:
-            # the peer closed or reset: the read loop reports it once it read what came first
-            link.write_error = exc
-            return True
-
-    async def _send(self, conn_id: int, data: bytes, wait: bool = False) -> None:
-        link = self._links.get(conn_id)
-        if self._write_now(link, data):
-            if wait and link is not None and link.sending is not None and not link.upgrade:
-                await link.sending.wait()  # the writer takes ours next; bounded by its deadline
+    def _start_tls(self, out: StartTLS) -> None:
+        link = self._links.get(out.conn_id)
+        if link is None:
             return
-        assert link is not None
-        link.sending = self.backend.event()
-        await self._write(link, data)
-
-    def _send_now(self, conn_id: int, data: bytes) -> None:
-        """:meth:`_send` without waiting: what the stream cannot take at once is written by
-        a task of its own (later bytes queue behind it)."""
-        link = self._links.get(conn_id)
-        if self._write_now(link, data):
+        if out.buffered:
+            # nsqd sends nothing between its IDENTIFY response and our ClientHello
+            error = TransportError("data arrived before the TLS handshake")
+            self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
             return
-        assert link is not None and self._tg is not None
-        link.pending.append(data)
-        link.sending = self.backend.event()
-        self._tg.start_soon(self._write_pending, link)
+        link.writer.held = True  # what comes now is written over TLS, once it is up
+        link.reader.start_upgrade()
 
-    async def _write_pending(self, link: _Link) -> None:
-        data = b"".join(link.pending)
-        link.pending.clear()
-        await self._write(link, data)
-
-    async def _write(self, link: _Link, data: bytes) -> None:
-        """Write ``data``, then what queued in ``link.pending`` meanwhile; ``link.sending``
-        (set by the caller) is set and cleared once done."""
-        done = link.sending
-        stream = link.stream
-        assert done is not None and stream is not None
+    async def _connection(self, link: _Link, timeout: float) -> None:
+        """The connection's task: connect, then read until the connection is over."""
         backend = self.backend
         try:
-            while True:
-                # once taken from the core, bytes must reach the socket even if this task is
-                # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
-                with backend.cancel_scope(
-                    deadline=self._clock() + self._write_timeout, shield=True
-                ) as scope:
-                    await stream.send(data)
-                if getattr(scope, "cancelled_caught", False):
-                    # part of a command may be on the wire: the connection cannot go on
-                    raise TransportError(
-                        f"writing to {link.host}:{link.port} took over {self._write_timeout} s"
-                    )
-                if not link.pending or link.upgrade:
-                    break
-                data = b"".join(link.pending)
-                link.pending.clear()
-        except self._write_failures as exc:
-            link.sending = None
-            done.set()
-            if isinstance(exc, TransportError):
-                await self._lost(link, exc)  # too slow: the peer may be frozen, close now
-            else:
-                # the peer closed or reset: its last words (an error frame) may be unread
-                # yet; the read loop reaches the end of the stream at once and reports this
-                link.write_error = exc
+            with backend.cancel_scope(deadline=backend.current_time() + timeout) as scope:
+                link.stream = await backend.connect_tcp(link.host, link.port)
+            if link.stream is None or getattr(scope, "cancelled_caught", False):
+                raise TimeoutError(f"connecting to {link.host}:{link.port} timed out")
+        except self._failures as exc:
+            error = TransportError(f"connecting to {link.host}:{link.port} failed: {_why(exc)}")
+            error.__cause__ = exc
+            await self._lost(link, error)
             return
-        link.sending = None
-        done.set()
+        if link.closed:
+            await self._shut(link)
+            return
+        self.core.connection_made(link.conn_id, backend.current_time())
+        await link.writer.release()
+        self.wake()
+        await link.reader.run()
 
     async def _shut(self, link: _Link) -> None:
         backend = self.backend
-        if link.sending is not None and not link.closed:
+        busy = link.writer.busy
+        if busy is not None and not link.closed:
             # let the write under way (and what queued behind it) finish first
             with backend.cancel_scope(
                 deadline=backend.current_time() + self._write_timeout, shield=True
             ):
-                await link.sending.wait()
+                await busy.wait()
         link.closed = True
-        if link.read_scope is not None:
-            link.read_scope.cancel()
+        link.reader.stop()
         if link.stream is not None:
             with backend.cancel_scope(deadline=backend.current_time() + 1.0, shield=True):
                 with suppress(*backend.io_errors):
@@ -327,183 +589,6 @@ class Driver:
         await self._shut(link)
         self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
         self.wake()
-
-    def _start_tls(self, out: StartTLS) -> None:
-        link = self._links.get(out.conn_id)
-        if link is None:
-            return
-        if out.buffered:
-            # nsqd sends nothing between its IDENTIFY response and our ClientHello
-            error = TransportError("data arrived before the TLS handshake")
-            self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
-            return
-        link.upgrade = True
-        stop_pushing = getattr(link.stream, "stop_pushing", None)
-        if stop_pushing is not None:
-            stop_pushing()  # what comes now stays unread until the handshake
-        if link.read_scope is not None:
-            link.read_scope.cancel()
-
-    async def _connection(self, link: _Link, port: int, timeout: float) -> None:
-        backend = self.backend
-        try:
-            with backend.cancel_scope(deadline=backend.current_time() + timeout) as scope:
-                link.stream = await backend.connect_tcp(link.host, port)
-                link.send_nowait = getattr(link.stream, "send_nowait", None)
-            if link.stream is None or getattr(scope, "cancelled_caught", False):
-                raise TimeoutError(f"connecting to {link.host}:{port} timed out")
-        except self._failures as exc:
-            error = TransportError(f"connecting to {link.host}:{port} failed: {_why(exc)}")
-            error.__cause__ = exc
-            await self._lost(link, error)
-            return
-        if link.closed:
-            await self._shut(link)
-            return
-        pending, link.pending = link.pending, []
-        self.core.connection_made(link.conn_id, backend.current_time())
-        for data in pending:
-            await self._send(link.conn_id, data)
-        self.wake()
-        await self._read_loop(link)
-
-    async def _read_loop(self, link: _Link) -> None:
-        backend = self.backend
-        core = self.core
-        while not link.closed:
-            if link.upgrade:
-                if not await self._upgrade(link):
-                    return
-                continue
-            stream = link.stream
-            assert stream is not None
-            if hasattr(stream, "start_pushing"):
-                if await self._pushed_reads(link, cast(PushStream, stream)):
-                    continue
-                return
-            data: bytes | None = None
-            with backend.cancel_scope() as scope:
-                link.read_scope = scope
-                try:
-                    data = await stream.receive()
-                except backend.io_errors as exc:
-                    link.read_scope = None
-                    # an alert right after the handshake is nsqd refusing it (TLS 1.3 servers
-                    # refuse a client certificate only after the client's side is done)
-                    refused = self._tls_failure(link, exc) if link.tls_fresh else None
-                    await self._lost(link, refused or link.write_error or exc)
-                    return
-                link.read_scope = None
-            if data is None:
-                continue  # the read was cancelled: an upgrade or a close
-            if not data:
-                await self._lost(link, link.write_error)
-                return
-            link.tls_fresh = False
-            core.receive_data(link.conn_id, data, self._clock())
-            # the events and answers of these bytes, from this task: one hop less
-            await self.drain_here()
-
-    async def _pushed_reads(self, link: _Link, stream: PushStream) -> bool:
-        """Let ``stream`` hand reads over from its callbacks (:meth:`_pushed`) until its end,
-        a close or a TLS upgrade; False once the link is over."""
-        backend = self.backend
-        link.push_done = done = backend.event()
-        try:
-            with backend.cancel_scope() as scope:
-                link.read_scope = scope
-                stream.start_pushing(partial(self._pushed, link), partial(self._push_ended, link))
-                await done.wait()
-        finally:
-            link.read_scope = None
-            stream.stop_pushing()
-        failure = link.push_failure
-        if failure is not None:
-            raise failure
-        if not link.ended:
-            return True  # cancelled: an upgrade or a close (the loop looks)
-        error = link.end_error
-        # as in _read_loop: an alert right after the handshake is nsqd refusing it
-        refused = self._tls_failure(link, error) if error and link.tls_fresh else None
-        await self._lost(link, refused or link.write_error or error)
-        return False
-
-    def _pushed(self, link: _Link, data: bytes) -> None:
-        """Bytes a :class:`PushStream` handed over: into the core, and its outputs out, here."""
-        if link.closed:
-            return
-        link.tls_fresh = False
-        try:
-            self.core.receive_data(link.conn_id, data, self._clock())
-            self._drain_now()
-        except Exception as exc:
-            # raised in the connection's task, as a read there would (not into the loop)
-            link.push_failure = exc
-            assert link.stream is not None and link.push_done is not None
-            cast(PushStream, link.stream).stop_pushing()
-            link.push_done.set()
-
-    def _push_ended(self, link: _Link, error: BaseException | None) -> None:
-        link.ended = True
-        link.end_error = error
-        assert link.push_done is not None
-        link.push_done.set()
-
-    async def _upgrade(self, link: _Link) -> bool:
-        backend = self.backend
-        assert link.stream is not None
-        if link.sending is not None:
-            # the write that carried IDENTIFY may still be returning (nsqd answered first):
-            # the handshake writes on the same stream, after it (new bytes wait in pending)
-            await link.sending.wait()
-        context = (
-            self._ssl_context if self._ssl_context is not None else backend.default_ssl_context()
-        )
-        hostname = self._tls_hostname or link.host
-        upgraded: Stream | None = None
-        # cancellable like a read: the core closes a link whose handshake takes too long
-        with backend.cancel_scope() as scope:
-            link.read_scope = scope
-            try:
-                upgraded = await backend.start_tls(
-                    link.stream, context, hostname if backend.ssl_check_hostname(context) else None
-                )
-            except backend.io_errors as exc:
-                link.read_scope = None
-                error = self._tls_failure(link, exc)
-                if error is None:
-                    error = TransportError(
-                        f"TLS handshake with {link.host}:{link.port} failed: {exc}"
-                    )
-                    error.__cause__ = exc
-                await self._lost(link, error)
-                return False
-            link.read_scope = None
-        if upgraded is None:
-            return False  # closed meanwhile
-        link.stream = upgraded
-        link.send_nowait = getattr(upgraded, "send_nowait", None)
-        link.upgrade = False
-        link.tls_fresh = True
-        self.core.tls_established(link.conn_id, backend.current_time())
-        pending, link.pending = link.pending, []
-        for data in pending:
-            await self._send(link.conn_id, data)
-        self.wake()
-        return True
-
-    def _tls_failure(self, link: _Link, exc: BaseException) -> TransportError | None:
-        """A TLS error in ``exc``'s chain as a permanent TransportError (the handshake was
-        refused), or None."""
-        backend = self.backend
-        tls = _find(exc, backend.tls_errors)
-        if tls is None or isinstance(tls, backend.transient_tls_errors):
-            return None
-        error = TransportError(
-            f"TLS handshake with {link.host}:{link.port} failed: {tls}", permanent=True
-        )
-        error.__cause__ = exc
-        return error
 
     async def _http(self, req: HttpRequest) -> None:
         backend = self.backend
