@@ -86,9 +86,17 @@ class PushStream(Stream, Protocol):
 class EventLike(Protocol):
     """A one-shot event (``anyio.Event``, ``trio.Event``, ``asyncio.Event``)."""
 
-    def set(self) -> None: ...
-    def is_set(self) -> bool: ...
-    async def wait(self) -> object: ...
+    def set(self) -> None:
+        """Set it: every task waiting in :meth:`wait` wakes (setting it again does nothing)."""
+        ...
+
+    def is_set(self) -> bool:
+        """Whether it was set."""
+        ...
+
+    async def wait(self) -> object:
+        """Return once it is set (at once if it is)."""
+        ...
 
 
 class ScopeLike(Protocol):
@@ -96,7 +104,10 @@ class ScopeLike(Protocol):
     :meth:`cancel` (``anyio.CancelScope``, ``trio.CancelScope``).  ``cancelled_caught`` (read
     with ``getattr``) tells whether it ended the block."""
 
-    def cancel(self) -> None: ...
+    def cancel(self) -> None:
+        """End the block now: what it awaits is cancelled (and the block ends quietly)."""
+        ...
+
     def __enter__(self) -> Self: ...
     def __exit__(
         self,
@@ -110,16 +121,24 @@ class ScopeLike(Protocol):
 class TaskGroupLike(Protocol):
     """A running task group (``anyio.abc.TaskGroup``, a trio nursery)."""
 
-    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> object: ...
+    def start_soon(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> object:
+        """Run ``func(*args)`` in a new task of the group (called from a task, or from a
+        callback of the loop)."""
+        ...
 
     @property
-    def cancel_scope(self) -> ScopeLike: ...
+    def cancel_scope(self) -> ScopeLike:
+        """The scope around the group's tasks: cancelling it cancels them all."""
+        ...
 
 
 class TaskGroupContext(Protocol):
     """What :meth:`Backend.task_group` returns: ``async with`` it to run a task group."""
 
-    async def __aenter__(self) -> TaskGroupLike: ...
+    async def __aenter__(self) -> TaskGroupLike:
+        """The running group (leaving the block waits for its tasks)."""
+        ...
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
