@@ -19,8 +19,12 @@ __all__ = [
     "HTTP_ANSWER",
 ]
 
+#: the data of the response frame nsqd sends as a heartbeat (a client answers it with NOP)
 HEARTBEAT: Final = b"_heartbeat_"
+#: the data of the response frame that accepts a command: SUB, a publish, IDENTIFY without
+#: feature negotiation, and a TLS or compression upgrade (sent through the new layer)
 OK: Final = b"OK"
+#: the data of the response frame that answers CLS: nsqd sends no more messages
 CLOSE_WAIT: Final = b"CLOSE_WAIT"
 
 #: Largest ``size`` field accepted by default: nsqd's default --max-body-size (5 MiB)

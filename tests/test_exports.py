@@ -87,3 +87,13 @@ def test_the_top_level_shows_the_state_machines_events_and_errors() -> None:
         assert name not in nsq_proto.__all__, name
     for name in ("Connection", "Consumer", "Producer", "MessageReceived", "NSQError"):
         assert name in nsq_proto.__all__
+
+
+def test_the_responses_a_client_reads_are_public_in_the_wire() -> None:
+    import nsq_proto.wire
+
+    assert (nsq_proto.wire.OK, nsq_proto.wire.CLOSE_WAIT, nsq_proto.wire.HEARTBEAT) == (
+        b"OK",
+        b"CLOSE_WAIT",
+        b"_heartbeat_",
+    )
