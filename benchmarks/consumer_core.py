@@ -13,8 +13,8 @@ import argparse
 import random
 import time
 
+from nsq_emulator.frames import encode_message_data
 from nsq_proto import Connect, Consumer, ConsumerConfig, MessageReceived, Send
-from nsq_proto._message import encode_message_data
 from nsq_proto.wire import encode_frame
 
 

@@ -10,9 +10,10 @@ import argparse
 import os
 import time
 
+from nsq_emulator.frames import encode_message_data
 from nsq_proto import Connection, ConnectionConfig, MessageReceived
 from nsq_proto import commands as cmd
-from nsq_proto._message import decode_message, encode_message_data
+from nsq_proto._message import decode_message
 from nsq_proto.wire import FrameDecoder, encode_frame
 
 

@@ -21,14 +21,15 @@ from ._producer import Producer as Producer
 __all__ = [*_exports, "Consumer", "EmulatorCluster", "Producer", "serve_emulator"]
 
 if TYPE_CHECKING:  # imported on first use (below); typed for the application
-    from ._server import EmulatorCluster as EmulatorCluster
-    from ._server import serve_emulator as serve_emulator
+    from nsq_emulator.loopback import EmulatorCluster as EmulatorCluster
+    from nsq_emulator.loopback import serve_emulator as serve_emulator
 
 
 def __getattr__(name: str) -> object:
-    # the emulator host is imported on first use: the client itself does not need it
+    # the emulator's loopback host (nsq_emulator.loopback, where it lives now) is imported on
+    # first use: the client itself does not need it
     if name in ("serve_emulator", "EmulatorCluster"):
-        from . import _server
+        from nsq_emulator import loopback
 
-        return getattr(_server, name)
+        return getattr(loopback, name)
     raise AttributeError(name)

@@ -17,7 +17,6 @@ __all__ = [
     "parse_identify_response",
     "parse_auth_response",
     "parse_trace_receipt",
-    "encode_trace_receipt",
 ]
 
 #: what a client assumes when nsqd does not negotiate (the client guide, "nsqd Max RDY Count")
@@ -180,9 +179,3 @@ def parse_trace_receipt(data: bytes) -> TraceReceipt:
         raise RemoteProtocolError(f"traced publish response is not OK+28 bytes: {data[:40]!r}")
     _, internal_id, trace_id, offset, raw_size = _RECEIPT.unpack(data)
     return TraceReceipt(internal_id, trace_id, offset, raw_size)
-
-
-def encode_trace_receipt(receipt: TraceReceipt) -> bytes:
-    return _RECEIPT.pack(
-        b"OK", receipt.internal_id, receipt.trace_id, receipt.queue_offset, receipt.raw_size
-    )

@@ -12,7 +12,6 @@ __all__ = [
     "Message",
     "MessageLayout",
     "decode_message",
-    "encode_message_data",
     "MESSAGE_HEADER_SIZE",
 ]
 
@@ -143,28 +142,3 @@ def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Mess
         queue_offset,
         raw_size,
     )
-
-
-def encode_message_data(
-    msg_id: bytes,
-    timestamp: int,
-    attempts: int,
-    body: bytes,
-    *,
-    ext_version: int | None = None,
-    ext_data: bytes = b"",
-    queue_position: tuple[int, int] | None = None,
-) -> bytes:
-    """The data of a message frame, as a server writes it (used by the test server)."""
-    if len(msg_id) != 16:
-        raise ValueError("a message id is 16 bytes")
-    parts = [_TS_ATTEMPTS.pack(timestamp, attempts), msg_id]
-    if ext_version is not None:
-        parts.append(bytes((ext_version,)))
-        if ext_version != 0:
-            parts.append(_U16.pack(len(ext_data)))
-            parts.append(ext_data)
-    if queue_position is not None:
-        parts.append(_POSITION.pack(*queue_position))
-    parts.append(body)
-    return b"".join(parts)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -55,7 +57,7 @@ def test_nsq_proto_imports_no_io_module_and_reads_no_clock(path: Path) -> None:
 
 def test_importing_nsq_proto_loads_no_io_module() -> None:
     code = (
-        "import sys; import nsq_proto, nsq_proto.testing; "
+        "import sys; import nsq_proto, nsq_proto.testing, nsq_emulator, nsq_emulator.frames; "
         f"bad = {sorted(FORBIDDEN_MODULES - {'time', 'datetime', 'threading'})!r}; "
         "print([m for m in bad if m in sys.modules])"
     )
@@ -72,11 +74,12 @@ def test_public_names_are_exported_once_and_exist() -> None:
 
 def test_py_typed_is_shipped() -> None:
     assert (PROTO / "py.typed").exists()
+    pyproject = tomllib.loads((PROTO.parent / "pyproject.toml").read_text())
+    for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]:
+        assert (PROTO.parent / pattern.rstrip("*") / "py.typed").is_file(), pattern
 
 
 def test_the_top_level_shows_the_state_machines_events_and_errors() -> None:
-    import importlib
-
     import nsq_proto.commands
     import nsq_proto.wire
 
@@ -97,3 +100,32 @@ def test_the_responses_a_client_reads_are_public_in_the_wire() -> None:
         b"CLOSE_WAIT",
         b"_heartbeat_",
     )
+
+
+def test_moved_names_are_the_same_objects_at_their_former_places() -> None:
+    """The emulator's loopback host, its pytest plugin and the command line moved to
+    nsq_emulator and nsq_cli; their former names are re-exports."""
+    import nsq_anyio
+    import nsq_anyio._server
+    import nsq_anyio.pytest_plugin
+    import nsq_cli
+    import nsq_emulator.loopback
+    import nsq_emulator.pytest_plugin
+
+    for name in ("serve_emulator", "EmulatorCluster"):
+        moved = getattr(nsq_emulator.loopback, name)
+        assert getattr(nsq_anyio, name) is moved
+        assert getattr(nsq_anyio._server, name) is moved
+    for name in ("nsq_emulator", "nsq_memory_network", "pytest_configure"):
+        assert getattr(nsq_anyio.pytest_plugin, name) is getattr(nsq_emulator.pytest_plugin, name)
+    assert callable(nsq_cli.main) and callable(nsq_cli.serve_main)
+
+
+def test_the_entry_points_name_what_exists() -> None:
+    project = tomllib.loads((PROTO.parent / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"nsq-sansio": "nsq_cli:main"}
+    assert project["entry-points"]["pytest11"] == {"nsq_sansio": "nsq_emulator.pytest_plugin"}
+    for target in [*project["scripts"].values(), *project["entry-points"]["pytest11"].values()]:
+        module, _, attribute = target.partition(":")
+        loaded = importlib.import_module(module)
+        assert not attribute or callable(getattr(loaded, attribute)), target

@@ -1,5 +1,6 @@
-"""The import graph of the project's packages has no cycle, and the protocol core does not
-depend on its emulator.
+"""The import graph of the project's packages has no cycle, and its layers hold: the protocol
+core depends on neither the emulator nor the command line, the emulator is built on the
+core's public names alone, and the command line sits above the client.
 
 Every module's source is parsed with :mod:`ast` (nothing is imported); each ``import`` and
 ``from ... import`` statement, relative or absolute, anywhere in the module (inside
@@ -7,7 +8,7 @@ functions too) becomes an edge to the module of these packages it names (the pac
 above that module, whose ``__init__`` Python runs first, are not edges: every submodule
 would otherwise be in a cycle with its package).  Imports under ``if TYPE_CHECKING:`` are
 annotations only: they do not count as edges of the runtime graph.  The emulator
-(``nsq_proto.testing``) is held to more: no cycle even through those.
+(``nsq_emulator``) is held to more: no cycle even through those.
 """
 
 from __future__ import annotations
@@ -23,8 +24,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the packages pyproject.toml ships
-PACKAGES = ("nsq_proto", "nsq_client", "nsq_anyio", "nsq_trio", "nsq_spark")
-EMULATOR = "nsq_proto.testing"
+PACKAGES = (
+    "nsq_proto",
+    "nsq_client",
+    "nsq_anyio",
+    "nsq_trio",
+    "nsq_spark",
+    "nsq_emulator",
+    "nsq_cli",
+)
+EMULATOR = "nsq_emulator"
+CLI = "nsq_cli"
+#: the emulator's former name, kept for compatibility: a module of re-exports of nsq_emulator
+COMPAT = "nsq_proto.testing"
+#: the programs run as ``python -m PACKAGE``, which are the command line's
+PROGRAMS = frozenset({"nsq_anyio.__main__", "nsq_emulator.__main__"})
 
 
 @dataclass(frozen=True)
@@ -284,17 +298,64 @@ def test_no_cycle_even_through_annotations(package: str) -> None:
     assert not found, "\n\n".join(found)
 
 
-def test_core_does_not_import_the_emulator() -> None:
-    """``nsq_proto`` outside ``nsq_proto.testing`` never imports it (not even for types)."""
+def in_package(module: str, package: str) -> bool:
+    """Whether ``module`` is ``package`` or one of its modules."""
+    return module == package or module.startswith(package + ".")
 
-    def in_emulator(module: str) -> bool:
-        return module == EMULATOR or module.startswith(EMULATOR + ".")
 
+def is_private(module: str) -> bool:
+    """Whether a part of the dotted name starts with ``_`` (``nsq_proto._frames``); a
+    ``__main__`` or ``__init__`` is not private."""
+    return any(part.startswith("_") and not part.endswith("__") for part in module.split("."))
+
+
+def test_private_names_are_told_apart() -> None:
+    assert is_private("nsq_proto._frames") and is_private("nsq_proto.testing._x")
+    assert not is_private("nsq_proto") and not is_private("nsq_proto.wire")
+    assert not is_private("nsq_emulator.__main__")
+
+
+def test_core_imports_neither_the_emulator_nor_the_cli() -> None:
+    """``nsq_proto`` (apart from ``nsq_proto.testing``, which re-exports the emulator) and
+    ``nsq_client`` never import the emulator or the command line (not even for types)."""
     wrong = [
         f"{e.source} (line {e.line}) imports {e.target}"
         for e in import_edges()
-        if e.source.split(".")[0] == "nsq_proto"
-        and not in_emulator(e.source)
-        and in_emulator(e.target)
+        if (in_package(e.source, "nsq_proto") or in_package(e.source, "nsq_client"))
+        and not in_package(e.source, COMPAT)
+        and (in_package(e.target, EMULATOR) or in_package(e.target, CLI))
     ]
-    assert not wrong, "the protocol core imports its emulator:\n  " + "\n  ".join(wrong)
+    assert not wrong, "the core imports the emulator or the CLI:\n  " + "\n  ".join(wrong)
+
+
+def test_the_emulator_imports_only_public_names_of_the_core() -> None:
+    """``nsq_emulator`` imports no private module of ``nsq_proto`` (``nsq_proto._frames``...)
+    and nothing of the client above it (not even for types); its program ``python -m
+    nsq_emulator`` is the command line's ``serve``."""
+    wrong = []
+    for e in import_edges():
+        if not in_package(e.source, EMULATOR) or in_package(e.target, EMULATOR):
+            continue
+        if in_package(e.target, "nsq_proto"):
+            ok = not is_private(e.target) and not in_package(e.target, COMPAT)
+        else:
+            ok = e.source in PROGRAMS and e.target == CLI
+        if not ok:
+            wrong.append(f"{e.source} (line {e.line}) imports {e.target}")
+    assert not wrong, "the emulator imports beyond the core's public names:\n  " + "\n  ".join(
+        wrong
+    )
+    targets = {e.target for e in import_edges() if in_package(e.source, EMULATOR)}
+    assert {"nsq_proto", "nsq_proto.wire"} <= targets  # the check saw the emulator's imports
+
+
+def test_the_cli_sits_above_the_client() -> None:
+    """Nothing imports ``nsq_cli`` but the programs that are the command line under another
+    name (``python -m nsq_anyio``, ``python -m nsq_emulator``); it runs on ``nsq_anyio``."""
+    wrong = [
+        f"{e.source} (line {e.line}) imports {e.target}"
+        for e in import_edges()
+        if in_package(e.target, CLI) and not in_package(e.source, CLI) and e.source not in PROGRAMS
+    ]
+    assert not wrong, "the command line is imported from below:\n  " + "\n  ".join(wrong)
+    assert "nsq_anyio" in import_graph()[f"{CLI}._cli"]

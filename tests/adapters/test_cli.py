@@ -35,9 +35,11 @@ NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
 NSQLOOKUPD = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
 
 
-def run(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, stdin: str = "", timeout: float = 60, program: list[str] = PY
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*PY, *args],
+        [*program, *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -47,11 +49,13 @@ def run(*args: str, stdin: str = "", timeout: float = 60) -> subprocess.Complete
     )
 
 
-def assert_usage_error(out: subprocess.CompletedProcess[str], *words: str) -> None:
+def assert_usage_error(
+    out: subprocess.CompletedProcess[str], *words: str, prog: str = "python -m nsq_anyio"
+) -> None:
     """argparse's convention: its usage, then one ``error:`` line naming the problem; exit 2."""
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
-    assert out.stderr.startswith("usage: python -m nsq_anyio"), out.stderr
+    assert out.stderr.startswith(f"usage: {prog}"), out.stderr
     last = out.stderr.rstrip("\n").splitlines()[-1]
     assert ": error: " in last, out.stderr
     for word in words:
@@ -71,9 +75,11 @@ def assert_runtime_error(out: subprocess.CompletedProcess[str], *words: str) -> 
 class Running:
     """A command running in the background; its output lines as they come."""
 
-    def __init__(self, *args: str, stdin: int | None = subprocess.DEVNULL) -> None:
+    def __init__(
+        self, *args: str, stdin: int | None = subprocess.DEVNULL, program: list[str] = PY
+    ) -> None:
         self.proc = subprocess.Popen(
-            [*PY, *args],
+            [*program, *args],
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -128,8 +134,10 @@ class Running:
 
 
 @contextlib.contextmanager
-def running(*args: str, stdin: int | None = subprocess.DEVNULL) -> Iterator[Running]:
-    proc = Running(*args, stdin=stdin)
+def running(
+    *args: str, stdin: int | None = subprocess.DEVNULL, program: list[str] = PY
+) -> Iterator[Running]:
+    proc = Running(*args, stdin=stdin, program=program)
     try:
         yield proc
     finally:
@@ -316,6 +324,50 @@ def test_serve_on_a_port_in_use_is_one_line() -> None:
         port = taken.getsockname()[1]
         out = run("serve", "--tcp-port", str(port), "--http-port", "0", "--lookupd-http-port", "0")
     assert_runtime_error(out, f"127.0.0.1:{port}", "in use")
+
+
+# -- the same command line under its other names ------------------------------------------------
+
+#: what the console script ``nsq-sansio`` (``[project.scripts]``) runs, as pip's wrapper runs it
+SCRIPT = [
+    sys.executable,
+    "-c",
+    "import sys; from nsq_cli import main; sys.argv[0] = 'nsq-sansio'; sys.exit(main())",
+]
+
+
+@pytest.mark.parametrize(
+    ("program", "prog"),
+    [
+        ([sys.executable, "-m", "nsq_cli"], "python -m nsq_cli"),
+        (SCRIPT, "nsq-sansio"),
+    ],
+    ids=["python -m nsq_cli", "nsq-sansio"],
+)
+def test_the_command_line_under_its_other_names(program: list[str], prog: str) -> None:
+    out = run("serve", "--host", "0.0.0.0", program=program, timeout=10)
+    assert_usage_error(out, "--host", "loopback", prog=f"{prog} serve")
+    out = run("stats", "--nsqd-http-address", f"127.0.0.1:{free_port()}", program=program)
+    assert_runtime_error(out, "connection refused")
+
+
+EMULATOR = [sys.executable, "-m", "nsq_emulator"]
+
+
+def test_the_emulators_program_is_serve() -> None:
+    """``python -m nsq_emulator`` takes serve's options, prints its addresses and stops as it
+    does; a bad option is a usage error of its own name."""
+    out = run("--tcp-port", "70000", program=EMULATOR, timeout=10)
+    assert_usage_error(out, "--tcp-port", "70000", prog="python -m nsq_emulator [-h]")
+    out = run("--tcp-port", "4150", "--http-port", "4150", program=EMULATOR, timeout=10)
+    assert_usage_error(out, "different ports", prog="python -m nsq_emulator")
+    ports = ["--tcp-port", "0", "--http-port", "0", "--lookupd-http-port", "0"]
+    with running(*ports, "--backend", "trio", program=EMULATOR) as proc:
+        nsqd = proc.wait_for("out", "nsqd TCP").split()[-1]
+        proc.wait_for("out", "lookupd HTTP")
+        out = run("pub", "t", "--nsqd-tcp-address", nsqd, stdin="a\n")
+        assert out.returncode == 0, out.stderr
+        assert_interrupted(proc)
 
 
 # -- Ctrl-C: exit status 130 within a second, no traceback ------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nsq_emulator.frames import encode_message_data
 from nsq_proto import Connection, ConnectionConfig, ConnectionState, Event, Output, Send
-from nsq_proto._message import encode_message_data
 from nsq_proto.wire import encode_frame
 
 IDENTIFY_JSON: dict[str, Any] = {

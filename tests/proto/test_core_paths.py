@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from nsq_emulator.frames import encode_trace_receipt
 from nsq_proto import (
     Close,
     CloseWaitReceived,
@@ -52,7 +53,6 @@ from nsq_proto import (
 )
 from nsq_proto import commands as cmd
 from nsq_proto._consumer import REQUEUE_GRACE
-from nsq_proto._features import encode_trace_receipt
 from nsq_proto.wire import DeflateCodec, MessageLayout, SnappyCodec, decode_message
 
 from ..compiled import COMPILED, WRONG_TYPE

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from nsq_emulator.frames import encode_trace_receipt
 from nsq_proto import (
     ConnectionClosedError,
     InvalidName,
@@ -17,7 +18,6 @@ from nsq_proto import (
     TraceReceipt,
 )
 from nsq_proto import commands as cmd
-from nsq_proto._features import encode_trace_receipt
 from nsq_proto._outputs import Connect, HttpRequest
 from nsq_proto._partitioned import partition_for_key
 from nsq_proto._producer import Producer, ProducerConfig, PublishTimeout

@@ -143,7 +143,7 @@ def _without_date(raw: bytes) -> bytes:
 
 
 def _render(resp: HttpResponse, close: bool) -> bytes:
-    from nsq_proto.testing._http import REASONS
+    from nsq_emulator._http import REASONS
 
     lines = [f"HTTP/1.1 {resp.status} {REASONS[resp.status]}"]
     lines += [f"{k}: {v}" for k, v in resp.headers]

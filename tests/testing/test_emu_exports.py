@@ -1,4 +1,6 @@
-"""nsq_proto.testing is public, documented and pure (no I/O, no clock, no global random)."""
+"""nsq_emulator is public, documented and pure (no I/O, no clock, no global random), apart
+from its loopback host, its program and its pytest plugin; nsq_proto.testing, kept for
+compatibility, is the same objects."""
 
 from __future__ import annotations
 
@@ -7,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nsq_proto.testing as emu
+import nsq_emulator as emu
+import nsq_proto.testing
 
 PACKAGE = Path(emu.__file__).parent
+#: the emulator's modules that do I/O: the loopback host (anyio), ``python -m nsq_emulator``
+#: and the pytest plugin
+HOSTS = {"loopback.py", "__main__.py", "pytest_plugin.py"}
 FORBIDDEN_MODULES = {
     "socket",
     "ssl",
@@ -35,11 +41,18 @@ def test_every_public_name_is_exported_and_documented() -> None:
     assert "static_authorizer" in doc
 
 
+def test_the_compatibility_module_is_the_same_objects() -> None:
+    assert nsq_proto.testing.__all__ == emu.__all__
+    for name in emu.__all__:
+        assert getattr(nsq_proto.testing, name) is getattr(emu, name), name
+    assert "compatibility" in (nsq_proto.testing.__doc__ or "")
+
+
 def test_importing_does_not_pull_in_io_modules() -> None:
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import nsq_proto.testing\n"
+        "import nsq_emulator, nsq_emulator.frames, nsq_proto.testing\n"
         "print(','.join(sorted(set(sys.modules) - before)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -48,7 +61,9 @@ def test_importing_does_not_pull_in_io_modules() -> None:
 
 
 def test_sources_import_no_io_and_use_no_global_random() -> None:
-    for path in sorted(PACKAGE.glob("*.py")):
+    sources = sorted(p for p in PACKAGE.glob("*.py") if p.name not in HOSTS)
+    assert {p.name for p in sources} >= {"__init__.py", "_nsqd.py", "frames.py"}
+    for path in sources:
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

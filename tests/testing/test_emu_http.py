@@ -222,7 +222,7 @@ def test_lookupd_admin_and_plain_endpoints() -> None:
 def test_http_dates_without_a_clock() -> None:
     import datetime
 
-    from nsq_proto.testing._util import http_date
+    from nsq_emulator._util import http_date
 
     for t in (0, 951782400, 1_700_000_001, 4_102_444_799, 1_795_302_002):
         expected = datetime.datetime.fromtimestamp(t, datetime.UTC).strftime(

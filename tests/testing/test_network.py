@@ -465,7 +465,7 @@ def test_an_ordered_consumer_hands_on_the_servers_repeated_head_once() -> None:
 
 def test_the_servers_repeated_head_is_dropped_even_after_its_original_was_answered() -> None:
     # on the real server the repeat may arrive after the application answered the first copy
-    from nsq_proto._message import encode_message_data
+    from nsq_emulator.frames import encode_message_data
     from nsq_proto.wire import encode_frame
 
     consumer = Consumer(

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import h11
 
-from .._names import is_valid_channel_name, is_valid_topic_name
+from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
+
 from ._util import GoValueError, go_json, parse_query
 
 __all__ = [

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Final
 
-from .._names import is_valid_channel_name, is_valid_topic_name
+from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
     "AWAIT_TLS",

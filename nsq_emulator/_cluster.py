@@ -20,7 +20,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._names import is_valid_channel_name, is_valid_topic_name
+from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
+
 from ._http import HttpError, Request
 from ._lookupd import Lookupd
 from ._nsqd import Nsqd

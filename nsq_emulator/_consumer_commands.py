@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import random
 
-from .._frames import CLOSE_WAIT, OK, FrameType
-from .._message import encode_message_data
+from nsq_proto.wire import CLOSE_WAIT, OK, FrameType
+
 from ._conn_core import ConnectionCore, Handler
 from ._store import Channel, StoredMessage
 from ._util import go_quote, parse_base10, to_int64
 from ._wire import MS, ClientError, ClientState, Proto, fatal, valid_name
+from .frames import encode_message_data
 
 __all__ = ["ConsumerCommands"]
 

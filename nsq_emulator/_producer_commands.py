@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-from .._frames import OK
+from nsq_proto.wire import OK
+
 from ._conn_core import ConnectionCore, Handler
 from ._util import go_quote, parse_base10, to_int64
 from ._wire import MS, Proto, Read, Step, fatal, valid_name

@@ -22,9 +22,9 @@ import struct
 from collections.abc import Generator
 from typing import Any, ClassVar, Self
 
-from .._features import TraceReceipt, encode_trace_receipt
-from .._frames import OK, FrameType
-from .._message import encode_message_data
+from nsq_proto import TraceReceipt
+from nsq_proto.wire import OK, FrameType
+
 from ._conn_core import Handler
 from ._ext_filter import build_ext_filter
 from ._identify import IdentifyData
@@ -41,6 +41,7 @@ from ._util import (
     to_int64,
 )
 from ._wire import MS, ClientError, ClientState, Proto, Read, Step, fatal, nonfatal, valid_name
+from .frames import encode_message_data, encode_trace_receipt
 
 __all__ = ["PartitionedConnection", "MAX_ATTEMPTS"]
 

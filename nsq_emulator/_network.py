@@ -22,9 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-from .._core import ClientCore
-from .._events import Event
-from .._outputs import Close, Connect, HttpRequest, Output, Send, StartTLS
+from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, Output, Send, StartTLS
+
 from ._cluster import Cluster
 from ._lookupd import Lookupd
 from ._nsqd import Nsqd

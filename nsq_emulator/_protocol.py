@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import zlib
 
-from .._errors import NSQError
+from nsq_proto import NSQError
+
 from ._conn_core import Handler
 from ._consumer_commands import ConsumerCommands
 from ._identify import NegotiationCommands

@@ -14,8 +14,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .._compress import DeflateCodec, SnappyCodec
-from .._frames import OK, FrameType
+from nsq_proto.wire import OK, DeflateCodec, FrameType, SnappyCodec
+
 from ._conn_core import ConnectionCore, Handler
 from ._util import go_json
 from ._wire import AWAIT_TLS, ClientError, ClientState, GoBufWriter, Proto, Read, fatal

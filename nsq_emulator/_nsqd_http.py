@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .._names import is_valid_topic_name
+from nsq_proto.wire import is_valid_topic_name
+
 from ._http import (
     HttpError,
     HttpResponse,

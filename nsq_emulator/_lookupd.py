@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._names import is_valid_topic_name
+from nsq_proto.wire import is_valid_topic_name
+
 from ._http import (
     HttpError,
     HttpResponse,

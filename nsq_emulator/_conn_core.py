@@ -27,7 +27,8 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Self
 
-from .._frames import HEARTBEAT, FrameType
+from nsq_proto.wire import HEARTBEAT, FrameType
+
 from ._node import Node
 from ._options import AuthRequest, AuthState
 from ._store import Channel, StoredMessage

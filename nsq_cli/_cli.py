@@ -1,5 +1,10 @@
 """Command line: ``serve`` (the emulator on loopback), ``pub``, ``tail``, ``stats`` and ``demo``.
 
+Installed as ``nsq-sansio``; also ``python -m nsq_cli`` and ``python -m nsq_anyio``, and
+``python -m nsq_emulator`` is ``serve`` alone (:func:`serve_main`).  It runs on
+:mod:`nsq_anyio`; ``serve`` and ``demo`` import the emulator (:mod:`nsq_emulator.loopback`)
+when they start, so that ``pub``, ``tail`` and ``stats`` do not load it.
+
 ``pub`` and ``tail`` also take the spellings of nsq's own tools (``to_nsq``, ``nsq_tail``):
 ``--topic=T``, ``--channel=C``, ``-n N``, repeated ``--nsqd-tcp-address`` and
 ``--lookupd-http-address``.
@@ -36,12 +41,10 @@ import anyio
 import anyio.lowlevel
 
 import nsq_proto
+from nsq_anyio import Consumer, Producer
 from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
 
-from ._consumer import Consumer
-from ._producer import Producer
-
-__all__ = ["main"]
+__all__ = ["main", "serve_main"]
 
 _T = TypeVar("_T")
 
@@ -514,7 +517,7 @@ def _check_free(host: str, port: int) -> None:
 
 async def _serve(args: argparse.Namespace) -> int:
     """The emulator (one nsqd and an nsqlookupd) on loopback until stopped."""
-    from ._server import serve_emulator
+    from nsq_emulator.loopback import serve_emulator
 
     for port in (args.lookupd_http_port, args.tcp_port, args.http_port):
         if port:
@@ -540,7 +543,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 async def _demo(args: argparse.Namespace) -> int:
     """Serve the emulator, publish ``--count`` messages, tail them back, check every one."""
-    from ._server import serve_emulator
+    from nsq_emulator.loopback import serve_emulator
 
     async with serve_emulator(nsqd_count=2) as cluster:
         print(f"emulated nsqd at {', '.join(cluster.nsqd_tcp_addresses)}", file=sys.stderr)
@@ -627,20 +630,27 @@ def _runtime_error(error: BaseException) -> str | None:
     return None
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="python -m nsq_anyio", description="NSQ on anyio")
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``serve``: where to listen, and the event loop."""
+    parser.add_argument(
+        "--host", type=_loopback, default="127.0.0.1", help="loopback address to bind"
+    )
+    parser.add_argument("--tcp-port", type=_port, default=4150, help="nsqd TCP (0: any free)")
+    parser.add_argument("--http-port", type=_port, default=4151, help="nsqd HTTP (0: any free)")
+    parser.add_argument(
+        "--lookupd-http-port", type=_port, default=4161, help="nsqlookupd HTTP (0: any free)"
+    )
+    _backend(parser)
+
+
+def _parser(
+    prog: str | None,
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog=prog, description="NSQ on anyio")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the NSQ emulator on loopback")
-    serve.add_argument(
-        "--host", type=_loopback, default="127.0.0.1", help="loopback address to bind"
-    )
-    serve.add_argument("--tcp-port", type=_port, default=4150, help="nsqd TCP (0: any free)")
-    serve.add_argument("--http-port", type=_port, default=4151, help="nsqd HTTP (0: any free)")
-    serve.add_argument(
-        "--lookupd-http-port", type=_port, default=4161, help="nsqlookupd HTTP (0: any free)"
-    )
-    _backend(serve)
+    _serve_arguments(serve)
 
     pub = sub.add_parser("pub", help="publish stdin lines (or generated bodies) to a topic")
     pub.add_argument("topic", nargs="?", type=_topic_name)
@@ -697,10 +707,30 @@ def _run(args: argparse.Namespace) -> int:
     return result
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser, commands = _parser()
+def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """Run the command line on ``argv`` (default: ``sys.argv[1:]``) and return its exit status;
+    ``prog`` is the program's name in its usage (default: the name it was started by, e.g.
+    ``nsq-sansio``)."""
+    parser, commands = _parser(prog)
     args = parser.parse_args(argv)
-    _check_usage(commands[args.command], args)
+    return _main(commands[args.command], args)
+
+
+def serve_main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """``serve`` alone, as a program of its own (``python -m nsq_emulator``): the same options,
+    checks, output and exit statuses."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="run the NSQ emulator (one nsqd and an nsqlookupd) on loopback"
+    )
+    _serve_arguments(parser)
+    args = parser.parse_args(argv)
+    args.command = "serve"
+    return _main(parser, args)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Check what argparse cannot, run the command, and sort its end into an exit status."""
+    _check_usage(parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
         return _run(args)

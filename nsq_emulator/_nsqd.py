@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._names import is_valid_channel_name, is_valid_topic_name
+from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
+
 from ._http import HttpError, HttpResponse, HttpServerConnection
 from ._node import Placement, Registry
 from ._nsqd_http import handle_request, stats_object
