@@ -22,7 +22,7 @@ def test_the_quick_start_commands_come_first() -> None:
     assert quick_start.startswith("sh\n")
     commands = [line for line in quick_start.splitlines()[1:] if line and not line.startswith("#")]
     assert commands == [
-        'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/python -m nsq_anyio demo',
+        'python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/nsq-sansio demo',
         ".venv/bin/python -m pytest",
     ]
 
