@@ -35,6 +35,10 @@ from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin, check_handl
 from ._options import ConsumerOptions, build_config, chose_max_in_flight
 from ._stats import ConsumerStats
 
+#: nsqd's answers to a FIN, REQ or TOUCH it could not carry out (the message is not in flight
+#: on that connection any more: timed out, or answered already)
+_ANSWER_REFUSALS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+
 __all__ = ["Consumer"]
 
 log = logging.getLogger("nsq")
@@ -99,6 +103,8 @@ class Consumer(ClientBase):
         #: the latest answer of a lookupd (None before the first)
         self.last_lookup: LookupSucceeded | None = None
         self._told_topic_missing = False
+        self._answers_refused = 0
+        self._closes_unconfirmed = 0
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         backend = self._backend
@@ -178,6 +184,20 @@ class Consumer(ClientBase):
                 await self._stopped.wait()
             self._inbox.close()
 
+    @property
+    def answers_confirmed(self) -> bool:
+        """Once the consumer stopped: whether nsqd processed every answer given before the
+        stop.  True when each of its connections closed after nsqd answered CLS with
+        CLOSE_WAIT (nsqd processes a connection's commands in order, so every FIN, REQ and
+        TOUCH sent before CLS had been) and nsqd refused none of them (no ``E_FIN_FAILED``,
+        ``E_REQ_FAILED`` or ``E_TOUCH_FAILED``); False while it runs, or when a connection
+        ended otherwise (lost, or closed by ``stop_timeout``): nsqd may then deliver again
+        a message that was FINished.  For applications that must know, such as one that
+        wrote a batch somewhere before it FINished it."""
+        return (
+            self._stopped.is_set() and not self._answers_refused and not self._closes_unconfirmed
+        )
+
     async def stop(self) -> None:
         """Stop gracefully now (leaving the ``async with`` block does the same): CLS, then
         wait (up to ``stop_timeout``) for the messages the application holds to be answered.
@@ -216,6 +236,8 @@ class Consumer(ClientBase):
             if self._on_give_up is not None:
                 self._on_give_up(message)
         elif isinstance(event, ErrorReceived):
+            if event.code in _ANSWER_REFUSALS:
+                self._answers_refused += 1
             self.errors.append(event)
             log.warning("nsqd error on connection %d: %s %s", event.conn_id, event.code, event.text)
         elif isinstance(event, LookupSucceeded):
@@ -243,6 +265,8 @@ class Consumer(ClientBase):
             )
         elif isinstance(event, ConnectionClosed):
             self._origins.pop(event.conn_id, None)
+            if not event.after_close_wait:
+                self._closes_unconfirmed += 1
             if event.error is not None:
                 self.connection_errors.append(event.error)
                 cause = event.error.__cause__

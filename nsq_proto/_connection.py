@@ -529,6 +529,7 @@ class Connection:
         self._finish(reason, error, send_close=True)
 
     def _finish(self, reason: str, error: NSQError | None, *, send_close: bool) -> None:
+        after_close_wait = self.state is _S.CLOSE_WAIT and error is None
         self._move(Trigger.ENDED)
         self._read_deadline = None
         self._handshake_deadline = None
@@ -547,7 +548,7 @@ class Connection:
             first = False
         if send_close:
             self._emit(Close(self.conn_id, reason))
-        self._emit(ConnectionClosed(self.conn_id, reason, error))
+        self._emit(ConnectionClosed(self.conn_id, reason, error, after_close_wait))
 
     def close(self, reason: str = "closed by the application") -> None:
         """Close now, without CLS.  Pending publishes fail with ConnectionClosedError."""

@@ -130,11 +130,16 @@ class CloseWaitReceived(Event):
 
 @dataclass(frozen=True, slots=True)
 class ConnectionClosed(Event):
-    """The connection is finished.  ``error`` is None for an orderly close."""
+    """The connection is finished.  ``error`` is None for an orderly close.
+
+    ``after_close_wait``: nsqd had answered CLS with CLOSE_WAIT, so it processed every
+    command sent before it (a FIN it refused was answered with an error frame first); an
+    application that needs to know its answers reached nsqd reads it here."""
 
     conn_id: ConnId
     reason: str
     error: NSQError | None = None
+    after_close_wait: bool = False
 
 
 @dataclass(frozen=True, slots=True)

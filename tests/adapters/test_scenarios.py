@@ -222,6 +222,34 @@ async def test_nsqd_restart_consumer_reconnects_and_producer_fails_over(lib: Mod
                 assert m.body == b"after"
 
 
+async def test_answers_are_confirmed_by_a_graceful_stop_and_not_when_a_connection_is_lost(
+    lib: ModuleType,
+) -> None:
+    async with serve_emulator(lookupd=False) as cluster:
+        addresses = cluster.nsqd_tcp_addresses[:1]
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish_many("t", [b"a", b"b", b"c"])
+        async with lib.Consumer("t", "c", nsqd_tcp_addresses=addresses) as consumer:
+            await consume(consumer, 3)
+            assert consumer.answers_confirmed is False  # not stopped yet
+        assert consumer.answers_confirmed is True
+        stats = cluster.nsqds[0].channel_stats("t", "c")
+        assert (stats.depth, stats.in_flight_count) == (0, 0)
+        # the connection lost after a FIN was written: nsqd may not have processed it
+        async with lib.Producer(nsqd_tcp_addresses=addresses) as producer:
+            await producer.publish("t", b"d")
+        async with lib.Consumer(
+            "t", "c", nsqd_tcp_addresses=addresses, reconnect_delay=60.0, stop_timeout=1.0
+        ) as consumer:
+            await consume(consumer, 1)
+            cluster.nsqds[0].stop(cluster.now())
+            cluster.kick()
+            with anyio.fail_after(TIMEOUT):
+                while consumer.stats()["connections"]:  # gone, until it reconnects
+                    await anyio.sleep(0.01)
+        assert consumer.answers_confirmed is False
+
+
 async def test_graceful_stop_loses_nothing(lib: ModuleType) -> None:
     async with serve_emulator(lookupd=False) as cluster:
         addresses = cluster.nsqd_tcp_addresses

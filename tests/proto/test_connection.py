@@ -4,7 +4,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsq_emulator.frames import encode_message_data, encode_trace_receipt
 from nsq_proto import (
     AuthRequired,
     Close,
@@ -30,6 +29,8 @@ from nsq_proto import (
     TraceReceipt,
 )
 from nsq_proto import commands as cmd
+from nsq_proto._features import encode_trace_receipt
+from nsq_proto._message import encode_message_data
 from nsq_proto._state import ALLOWED, Command
 from nsq_proto.wire import encode_frame
 
@@ -327,6 +328,36 @@ def test_cls_close_wait_then_answers_still_allowed() -> None:
     conn.connection_lost(1.0)
     (closed,) = conn.outputs()
     assert isinstance(closed, ConnectionClosed) and closed.error is None
+
+
+def test_a_close_after_close_wait_says_nsqd_processed_what_was_sent_before_cls() -> None:
+    # answered CLS: every FIN before it was processed; closed by us or by nsqd's EOF
+    for end in ("close", "eof"):
+        conn = subscribed_connection()
+        conn.receive_data(message(mid(1), b"x"), 0.0)
+        conn.finish(mid(1))
+        conn.start_close()
+        conn.receive_data(response(b"CLOSE_WAIT"), 0.0)
+        conn.outputs()
+        if end == "close":
+            conn.close("consumer stopped")
+        else:
+            conn.connection_lost(1.0)
+        closed = [e for e in conn.outputs() if isinstance(e, ConnectionClosed)]
+        assert [(c.error, c.after_close_wait) for c in closed] == [(None, True)]
+    # CLS sent but not answered, no CLS at all, or the connection lost: nothing confirmed
+    for how in ("cls unanswered", "no cls", "lost", "lost after cls"):
+        conn = subscribed_connection()
+        conn.receive_data(message(mid(1), b"x"), 0.0)
+        conn.finish(mid(1))
+        if "cls" in how and how != "no cls":
+            conn.start_close()
+        if how.startswith("lost"):
+            conn.connection_lost(1.0)
+        else:
+            conn.close("stop timeout")
+        closed = [e for e in conn.outputs() if isinstance(e, ConnectionClosed)]
+        assert len(closed) == 1 and closed[0].after_close_wait is False, how
 
 
 def test_connection_lost_fails_pending() -> None:
