@@ -13,14 +13,18 @@ A task (on an executor) reads its partition:
 * if rows are staged for (run, batch, partition), it returns them: a task or a batch that
   runs again gives the same rows;
 * otherwise it connects to its nsqd, consumes up to its share (messages and bytes: RDY grows
-  with what the first messages weigh; at most nsqd's ``max_rdy_count``, which nsqd lets one
-  connection hold unanswered: the rest of a larger share waits for a later batch), stages
+  with what the first messages weigh; nsqd lets one connection hold ``max_rdy_count``
+  unanswered, so a larger share opens more connections: see :class:`_Share`), stages
   the rows (``_staging``: a temporary file moved
   to its name, the first writer wins), then FINishes them; an attempt that lost the race
   requeues what it consumed and returns the winner's rows.  What nsqd delivered beyond the
   share is requeued before the connection closes.
 
-``commit(end)`` deletes the staged rows of the committed batches.  ``availableNow`` takes the
+A task whose connections all ended after nsqd answered ``CLS`` with ``CLOSE_WAIT``, with no
+FIN refused, knows nsqd processed its FINs and marks its rows confirmed.  ``commit(end)``
+keeps the ids of unconfirmed rows (nsqd may deliver those messages again: a later task FINs
+such a copy without making a row of it) and deletes the staged rows of the committed
+batches.  ``availableNow`` takes the
 channel's depth when the query starts and stops once that many messages were planned.
 """
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 import urllib.error
 import urllib.parse
@@ -41,6 +46,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pyarrow as pa  # type: ignore[import-untyped]
+from anyio.abc import TaskGroup
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -56,7 +62,7 @@ from nsq_proto._lookupd import parse_lookup_response
 
 from ._options import SourceOptions
 from ._source import ConnectTimeout, check_columns, record_batch
-from ._staging import Staging, default_staging_location
+from ._staging import ID_COLUMN, NSQD_KEY, Staging, default_staging_location
 
 __all__ = ["NSQExecutorStreamReader", "NSQStagedPartition", "plan_batch"]
 
@@ -254,72 +260,201 @@ class _Planner:
 # the tasks
 
 
+class _Share:
+    """One task's share of its nsqd, consumed over as many connections as it needs.
+
+    nsqd lets one connection hold ``max_rdy_count`` (2,500 by default) unanswered messages,
+    and a task answers none before its rows are staged: a share above that opens more
+    connections to the same nsqd (up to ``max_connections_per_nsqd``), and RDY is split
+    between them so that together they are never offered more than the share.  Each
+    connection is a consumer in a task of its own, open until :meth:`release`; they close
+    together, gracefully (what arrived after the share was taken goes back at once).
+    """
+
+    def __init__(
+        self, options: SourceOptions, part: Part, suspects: frozenset[bytes] = frozenset()
+    ) -> None:
+        self.options = options
+        self.part = part
+        #: ids of messages written already whose FIN nsqd did not confirm: if one comes
+        #: again, it is a copy, FINished and not a row
+        self.suspects = suspects
+        self.copies: list[nsq_anyio.Message] = []
+        #: the task group of the connections (set by the caller)
+        self.tg: TaskGroup | None = None
+        #: the messages of the share, by the consumer that received them (answers go there)
+        self.taken: dict[nsq_anyio.Consumer, list[nsq_anyio.Message]] = {}
+        self.count = 0
+        self.size = 0
+        #: delivered beyond the share: requeued
+        self.extra: list[nsq_anyio.Message] = []
+        #: nsqd's max_rdy_count (None: not told)
+        self.held_limit: int | None = None
+        self.consumers: list[nsq_anyio.Consumer] = []
+        self._receiving: list[anyio.CancelScope] = []
+        self._released = anyio.Event()
+        self._send, self._arrivals = anyio.create_memory_object_stream[int](math.inf)
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.part.messages or bool(self.extra)
+
+    def rows(self) -> list[nsq_anyio.Message]:
+        """The messages of the share that are rows (not copies of rows written before)."""
+        copies = {id(m) for m in self.copies}
+        return [m for taken in self.taken.values() for m in taken if id(m) not in copies]
+
+    def _take(self, consumer: nsq_anyio.Consumer, batch: list[nsq_anyio.Message]) -> None:
+        part = self.part
+        taken = self.taken.setdefault(consumer, [])
+        for message in batch:
+            body = len(message.body)
+            if self.count < part.messages and (not self.count or self.size + body <= part.bytes):
+                taken.append(message)
+                self.count += 1
+                self.size += body
+                if message.attempts > 1 and message.id in self.suspects:
+                    self.copies.append(message)
+            else:
+                self.extra.append(message)
+
+    async def _connection(self, max_in_flight: int, *, task_status: Any) -> None:
+        o = self.options
+        kwargs = o.consumer_kwargs()
+        kwargs.pop("lookupd_http_addresses", None)
+        kwargs["nsqd_tcp_addresses"] = [self.part.address]
+        kwargs["max_in_flight"] = max_in_flight
+        async with nsq_anyio.Consumer(o.topic, o.channel, **kwargs) as consumer:
+            self.consumers.append(consumer)
+            with anyio.CancelScope() as receiving:
+                self._receiving.append(receiving)
+                task_status.started()
+                while batch := await consumer.get_many(_CHUNK):
+                    self._take(consumer, batch)
+                    self._send.send_nowait(len(batch))
+            await self._released.wait()
+
+    async def _open(self, max_in_flight: int) -> None:
+        assert self.tg is not None
+        await self.tg.start(self._connection, max_in_flight)
+
+    def release(self) -> None:
+        """Let the connections close (the answers were given)."""
+        self._released.set()
+
+    def close(self) -> None:
+        self._send.close()
+        self._arrivals.close()
+
+    async def consume(self) -> None:
+        """Take the share, or what comes before ``task_idle_timeout`` passes without any."""
+        o = self.options
+        part = self.part
+        # the first connection asks for one message: what it weighs sizes RDY
+        await self._open(1)
+        while not self.full:
+            wait = (
+                o.task_idle_timeout if self.count else max(FIRST_MESSAGE_WAIT, o.task_idle_timeout)
+            )
+            with anyio.move_on_after(wait) as waiting:
+                await self._arrivals.receive()
+            if waiting.cancelled_caught:
+                break  # nothing more came in time (or the consumers stopped)
+            with contextlib.suppress(anyio.WouldBlock):
+                while True:  # what else arrived meanwhile
+                    self._arrivals.receive_nowait()
+            if self.full or not self.count:
+                continue
+            if self.held_limit is None:
+                self.held_limit = _max_rdy_count(self.consumers[0])
+            # nsqd sends while fewer than RDY are unanswered: the connections together are
+            # offered what they hold plus what the rest of the share may still take, judged
+            # by the mean size so far
+            mean = max(1.0, self.size / self.count)
+            room = min(part.messages - self.count, int((part.bytes - self.size) / mean))
+            if room <= 0:
+                break
+            limit = self.held_limit
+            if limit is not None:
+                wanted = min(o.max_connections_per_nsqd, -(-(self.count + room) // limit))
+                while len(self.consumers) < wanted:
+                    await self._open(0)
+                if all(len(self.taken.get(c, ())) >= limit for c in self.consumers):
+                    break  # each connection holds all it may: the rest waits for a later batch
+            self._offer(room)
+        # nothing more is taken: what still arrives stays with its consumer, which sends it
+        # back when it closes
+        for consumer in self.consumers:
+            consumer.set_max_in_flight(0)
+        for receiving in self._receiving:
+            receiving.cancel()
+
+    def _offer(self, room: int) -> None:
+        """Set each connection's RDY to what it holds plus its part of ``room`` (split evenly,
+        none above nsqd's max_rdy_count)."""
+        limit = self.held_limit
+        holding = {c: len(self.taken.get(c, ())) for c in self.consumers}
+        # the fullest first: what they cannot take goes to the others
+        order = sorted(self.consumers, key=holding.__getitem__, reverse=True)
+        left = room
+        for j, consumer in enumerate(order):
+            even = -(-left // (len(order) - j))
+            more = even if limit is None else min(even, max(0, limit - holding[consumer]))
+            left -= more
+            consumer.set_max_in_flight(holding[consumer] + more)
+
+    async def answer(self, won: bool) -> None:
+        """FIN the share's messages (staged by this attempt) or REQ them (another attempt
+        staged first, or staging failed), and REQ what came beyond the share."""
+        # a message can be gone from its connection (reconnected, timed out and delivered
+        # again): its answer is moot
+        copies = {id(m) for m in self.copies}
+        for consumer, taken in self.taken.items():
+            with contextlib.suppress(nsq_anyio.NSQError):
+                finish = [m for m in taken if won or id(m) in copies]
+                await consumer.finish_many(m for m in finish if not m.has_responded)
+                for message in taken:
+                    if not message.has_responded:
+                        await message.requeue(delay=0.0, backoff=False)
+        for message in self.extra:
+            with contextlib.suppress(nsq_anyio.NSQError):
+                if not message.has_responded:
+                    await message.requeue(delay=0.0, backoff=False)
+
+
 async def _consume_and_stage(
     options: SourceOptions,
     part: Part,
     arrow_schema: pa.Schema,
     stage: Callable[[pa.Table], bool],
-) -> tuple[pa.Table, bool]:
+    suspects: frozenset[bytes] = frozenset(),
+) -> tuple[pa.Table, bool, bool]:
     """Consume up to the part's share, stage the rows, then FIN them (or, if another attempt
-    staged first, REQ them); (the rows consumed, whether they were staged by this call)."""
-    o = options
-    kwargs = o.consumer_kwargs()
-    kwargs.pop("lookupd_http_addresses", None)
-    kwargs["nsqd_tcp_addresses"] = [part.address]
-    kwargs["max_in_flight"] = 1  # grows with what the first messages weigh
-    cap = o.max_messages_per_partition
-    taken: list[nsq_anyio.Message] = []
-    extra: list[nsq_anyio.Message] = []
-    size = 0
-    async with nsq_anyio.Consumer(o.topic, o.channel, **kwargs) as consumer:
-        #: nsqd's max_rdy_count on the connection: nsqd sends no more than that many messages
-        #: before some are answered, and none is answered before the rows are staged
-        held_limit: int | None = None
-        while len(taken) < part.messages:
-            wait = o.task_idle_timeout if taken else max(FIRST_MESSAGE_WAIT, o.task_idle_timeout)
-            batch: list[nsq_anyio.Message] = []
-            with anyio.move_on_after(wait):
-                batch = await consumer.get_many(_CHUNK)
-            if not batch:
-                break  # nothing more came in time (or the consumer stopped)
-            for message in batch:
-                body = len(message.body)
-                if len(taken) < part.messages and (not taken or size + body <= part.bytes):
-                    taken.append(message)
-                    size += body
-                else:
-                    extra.append(message)
-            if extra:
-                break  # the share is full
-            if held_limit is None:
-                held_limit = _max_rdy_count(consumer)
-            if held_limit is not None and len(taken) >= held_limit:
-                break  # the rest of the share waits for a later batch
-            # nsqd sends while fewer than RDY are unanswered: RDY is what is held plus what
-            # the rest of the share may still take, judged by the mean size so far
-            mean = max(1.0, size / len(taken))
-            room = min(part.messages - len(taken), int((part.bytes - size) / mean))
-            if room <= 0:
-                break
-            consumer.set_max_in_flight(min(cap, held_limit or cap, len(taken) + room))
-        consumer.set_max_in_flight(0)
-        table = pa.Table.from_batches([record_batch(taken, arrow_schema, o.topic)])
-        won = await anyio.to_thread.run_sync(stage, table)
-        # a message can be gone from its connection (reconnected, timed out and delivered
-        # again): its answer is moot
-        with contextlib.suppress(nsq_anyio.NSQError):
-            if won:
-                await consumer.finish_many(m for m in taken if not m.has_responded)
-            else:
-                for message in taken:
-                    if not message.has_responded:
-                        await message.requeue(delay=0.0, backoff=False)
-        for message in extra:
-            with contextlib.suppress(nsq_anyio.NSQError):
-                if not message.has_responded:
-                    await message.requeue(delay=0.0, backoff=False)
-        # leaving the block requeues what arrived meanwhile and closes gracefully
-    return table, won
+    staged first, REQ them); (the rows consumed, whether they were staged by this call,
+    whether nsqd confirmed every answer)."""
+    share = _Share(options, part, suspects)
+    failure: Exception | None = None
+    try:
+        async with anyio.create_task_group() as share.tg:
+            try:
+                await share.consume()
+                rows = share.rows()
+                table = pa.Table.from_batches([record_batch(rows, arrow_schema, options.topic)])
+                # the ids too: if nsqd does not confirm their FINs, later tasks know them
+                table = table.append_column(ID_COLUMN, pa.array([m.id for m in rows], pa.binary()))
+                table = table.replace_schema_metadata({NSQD_KEY: part.address.encode()})
+                won = await anyio.to_thread.run_sync(stage, table)
+                await share.answer(won)
+            except Exception as exc:  # the connections still close gracefully
+                failure = exc
+                await share.answer(False)
+            finally:
+                share.release()
+    finally:
+        share.close()
+    if failure is not None:
+        raise failure
+    return table, won, all(c.answers_confirmed for c in share.consumers)
 
 
 def _max_rdy_count(consumer: nsq_anyio.Consumer) -> int | None:
@@ -419,7 +554,9 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if run is None:
             return
         try:
-            self.staging.delete_through(run, batch)
+            self.staging.delete_through(
+                run, batch, redelivery_window=self.options.redelivery_window
+            )
         except OSError:
             log.warning("the nsq source could not delete staged batches", exc_info=True)
 
@@ -436,18 +573,26 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if table is None:
             self.staging.check_shared(run)
             arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            suspects = self.staging.suspects(run, partition.part.address)
 
             def stage(rows: pa.Table) -> bool:
                 return self.staging.publish(run, batch, index, rows)
 
-            table, won = anyio.run(
-                _consume_and_stage, self.options, partition.part, arrow_schema, stage
+            table, won, confirmed = anyio.run(
+                _consume_and_stage, self.options, partition.part, arrow_schema, stage, suspects
             )
+            if won and confirmed:
+                try:
+                    self.staging.confirm(run, batch, index)
+                except OSError:  # its ids are kept at commit: nothing is lost, a copy is known
+                    log.warning("the nsq source could not mark %r confirmed", partition)
             if not won:
                 table = self.staging.read(run, batch, index)
                 if table is None:
                     raise RuntimeError(f"the staged rows of {partition!r} are gone")
-        yield from table.to_batches()
+        if ID_COLUMN in table.column_names:
+            table = table.drop_columns([ID_COLUMN])
+        yield from table.replace_schema_metadata(None).to_batches()
 
 
 def _plan_of(offset: dict[str, Any]) -> tuple[str | None, int, list[Part]]:

@@ -261,6 +261,11 @@ def _connection(r: _Reader, *, lookupd_alone_ok: bool) -> ConnectionOptions:
     )
 
 
+#: executors: the defaults of ``max_messages_per_trigger`` and ``max_messages_per_partition``
+EXECUTOR_MESSAGES_PER_TRIGGER = 200_000
+EXECUTOR_MESSAGES_PER_PARTITION = 50_000
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     topic: str
@@ -291,10 +296,14 @@ class SourceOptions:
     staging_location: str | None = None
     #: executors: the largest micro-batch in bytes of message bodies
     max_bytes_per_trigger: int = 64 * 1024 * 1024
-    #: executors: the most messages one task consumes (nsqd's ``--max-rdy-count``)
-    max_messages_per_partition: int = 2500
+    #: executors: the most messages one task consumes (over several connections when it is
+    #: above nsqd's ``--max-rdy-count``, up to ``max_connections_per_nsqd``)
+    max_messages_per_partition: int = 50_000
     #: executors: seconds a task waits for its next message before it ends with fewer
     task_idle_timeout: float = 1.0
+    #: executors: seconds the ids of rows whose FIN nsqd did not confirm are kept, to know
+    #: them when nsqd delivers them again
+    redelivery_window: float = 86_400.0
 
     @property
     def touch_interval(self) -> float:
@@ -346,6 +355,7 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "max_bytes_per_trigger",
         "max_messages_per_partition",
         "task_idle_timeout",
+        "redelivery_window",
     )
 }
 
@@ -379,7 +389,6 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     channel = r.channel()
     connection = _connection(r, lookupd_alone_ok=True)
     max_in_flight = r.integer("max_in_flight", 100_000, minimum=1)
-    per_trigger = r.integer("max_messages_per_trigger", max(1, max_in_flight // 2), minimum=1)
     msg_timeout = r.seconds("msg_timeout", 60.0, minimum=1.0)
     assert msg_timeout is not None
     max_msg_timeout = r.seconds("max_msg_timeout", 900.0, minimum=1.0)
@@ -391,8 +400,18 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     read_mode = (r.text("read_mode") or "executors").lower()
     if read_mode not in ("executors", "driver"):
         raise OptionError(f"option 'read_mode' is executors or driver, not {read_mode!r}")
+    # the driver holds what it reads (a window of max_in_flight, half of it a batch); the
+    # executors hold a batch between them, bounded in bytes too: larger batches cost the
+    # driver less per message
+    per_trigger = r.integer(
+        "max_messages_per_trigger",
+        EXECUTOR_MESSAGES_PER_TRIGGER if read_mode == "executors" else max(1, max_in_flight // 2),
+        minimum=1,
+    )
     task_idle_timeout = r.seconds("task_idle_timeout", 1.0, minimum=0.001)
     assert task_idle_timeout is not None
+    redelivery_window = r.seconds("redelivery_window", 86_400.0, minimum=0.0)
+    assert redelivery_window is not None
     partitions_text = r.text("partitions")
     partitions: tuple[int, ...] | None = None
     if partitions_text is not None:
@@ -425,8 +444,11 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         nsqd_http_addresses=r.addresses("nsqd_http_addresses"),
         staging_location=r.text("staging_location"),
         max_bytes_per_trigger=r.integer("max_bytes_per_trigger", 64 * 1024 * 1024, minimum=1),
-        max_messages_per_partition=r.integer("max_messages_per_partition", 2500, minimum=1),
+        max_messages_per_partition=r.integer(
+            "max_messages_per_partition", EXECUTOR_MESSAGES_PER_PARTITION, minimum=1
+        ),
         task_idle_timeout=task_idle_timeout,
+        redelivery_window=redelivery_window,
     )
     if parsed.start_from is not None and not connection.lookupd_http_addresses:
         raise OptionError("option 'start_from' needs lookupd_http_addresses")

@@ -4,7 +4,12 @@ every executor reach (a local path, or any ``pyarrow.fs`` URI: ``hdfs://``, ``s3
 
 ``<location>/<run>/_source``   written by the driver; a task that does not see it is not on a
                                filesystem shared with the driver
-``<location>/<run>/<batch>/<partition>.arrow``   the rows of one task, written once
+``<location>/<run>/<batch>/<partition>.arrow``   the rows of one task, written once, with
+                               the ids of their messages (a column the query does not see)
+``<location>/<run>/<batch>/<partition>.fin``     written once nsqd confirmed their FINs
+``<location>/<run>/_suspects/<batch>-<partition>.arrow``   at commit, the ids of staged rows
+                               whose FIN was not confirmed: nsqd may deliver them again, and
+                               a later task recognizes them (kept ``redelivery_window``)
 
 A file is written under a temporary name and then moved to its name, without replacing one
 already there: the first writer wins, and a task that loses reads the winner's rows.  On a
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 import uuid
 from typing import Any
 
@@ -28,6 +34,11 @@ import pyarrow.fs as pafs  # type: ignore[import-untyped]
 __all__ = ["Staging", "StagingNotShared", "default_staging_location"]
 
 _MARKER = "_source"
+_SUSPECTS = "_suspects"
+#: the column of the staged rows that holds their messages' ids, and the schema metadata key
+#: of the nsqd they came from
+ID_COLUMN = "__nsq_id"
+NSQD_KEY = b"nsq_spark.nsqd"
 
 
 class StagingNotShared(RuntimeError):
@@ -91,8 +102,11 @@ class Staging:
             with fs.open_output_stream(marker) as out:
                 out.write(b"nsq_spark staging\n")
 
-    def delete_through(self, run: str, batch: int) -> int:
-        """Delete the staged rows of the run's batches up to ``batch``; how many batches."""
+    def delete_through(self, run: str, batch: int, *, redelivery_window: float = 0.0) -> int:
+        """Delete the staged rows of the run's batches up to ``batch``; how many batches.
+
+        The ids of rows whose FIN nsqd did not confirm are kept first, as suspects, and
+        suspects older than ``redelivery_window`` seconds go."""
         fs, _ = self._open()
         directory = self._run_dir(run)
         selector = pafs.FileSelector(directory, allow_not_found=True, recursive=False)
@@ -100,10 +114,43 @@ class Staging:
         for info in fs.get_file_info(selector):
             named = info.type == pafs.FileType.Directory and info.base_name.isdigit()
             if named and int(info.base_name) <= batch:
+                self._keep_suspects(fs, run, info.path, int(info.base_name))
                 with contextlib.suppress(FileNotFoundError):
                     fs.delete_dir(info.path)
                 deleted += 1
+        self._expire_suspects(fs, run, redelivery_window)
         return deleted
+
+    def _keep_suspects(self, fs: Any, run: str, directory: str, batch: int) -> None:
+        selector = pafs.FileSelector(directory, allow_not_found=True, recursive=False)
+        names = {info.base_name for info in fs.get_file_info(selector)}
+        for name in sorted(names):
+            index, dot, kind = name.partition(".")
+            if not (dot and kind == "arrow" and index.isdigit()) or f"{index}.fin" in names:
+                continue
+            with fs.open_input_file(f"{directory}/{name}") as source:
+                table = pa.ipc.open_file(source).read_all()
+            if ID_COLUMN not in table.column_names or not table.num_rows:
+                continue
+            ids = table.select([ID_COLUMN]).replace_schema_metadata(table.schema.metadata)
+            suspects = f"{self._run_dir(run)}/{_SUSPECTS}"
+            fs.create_dir(suspects, recursive=True)
+            final = f"{suspects}/{batch}-{index}.arrow"
+            temporary = f"{suspects}/.{batch}-{index}.{uuid.uuid4().hex}.tmp"
+            with fs.open_output_stream(temporary) as out:
+                with pa.ipc.new_file(out, ids.schema) as writer:
+                    writer.write_table(ids)
+            fs.move(temporary, final)
+
+    def _expire_suspects(self, fs: Any, run: str, window: float) -> None:
+        selector = pafs.FileSelector(
+            f"{self._run_dir(run)}/{_SUSPECTS}", allow_not_found=True, recursive=False
+        )
+        now = time.time()
+        for info in fs.get_file_info(selector):
+            if info.mtime is not None and now - info.mtime.timestamp() > window:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(info.path)
 
     # -- the tasks --------------------------------------------------------------------------
 
@@ -127,6 +174,32 @@ class Staging:
             return None
         with source:
             return pa.ipc.open_file(source).read_all()
+
+    def suspects(self, run: str, nsqd: str) -> frozenset[bytes]:
+        """The ids of messages from ``nsqd`` that were staged (and so written) but whose FIN
+        nsqd did not confirm: if one comes again, it is a copy."""
+        fs, _ = self._open()
+        selector = pafs.FileSelector(
+            f"{self._run_dir(run)}/{_SUSPECTS}", allow_not_found=True, recursive=False
+        )
+        ids: set[bytes] = set()
+        for info in fs.get_file_info(selector):
+            if not info.base_name.endswith(".arrow"):
+                continue
+            try:
+                with fs.open_input_file(info.path) as source:
+                    table = pa.ipc.open_file(source).read_all()
+            except FileNotFoundError:  # expired meanwhile
+                continue
+            if (table.schema.metadata or {}).get(NSQD_KEY) == nsqd.encode():
+                ids.update(table.column(ID_COLUMN).to_pylist())
+        return frozenset(ids)
+
+    def confirm(self, run: str, batch: int, index: int) -> None:
+        """nsqd confirmed the FINs of the staged rows of this task."""
+        fs, _ = self._open()
+        with fs.open_output_stream(f"{self._run_dir(run)}/{batch}/{index}.fin"):
+            pass
 
     def publish(self, run: str, batch: int, index: int, table: pa.Table) -> bool:
         """Stage ``table`` unless another attempt did first; True if this one won."""

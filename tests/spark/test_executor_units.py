@@ -28,7 +28,7 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
         {**base, "nsqd_tcp_addresses": "a:1,b:1", "nsqdHttpAddresses": "a:2,b:2"}
     )
     assert (o.read_mode, o.nsqd_http_addresses) == ("executors", ("a:2", "b:2"))
-    assert (o.max_bytes_per_trigger, o.max_messages_per_partition) == (64 * 1024 * 1024, 2500)
+    assert (o.max_bytes_per_trigger, o.max_messages_per_partition) == (64 * 1024 * 1024, 50_000)
     assert parse_source_options({**base, "lookupd_http_addresses": "l:1"}).read_mode == "executors"
     reader = NSQDataSource({**base, "lookupd_http_addresses": "l:1"}).streamReader(SCHEMA)
     assert isinstance(reader, NSQExecutorStreamReader)
@@ -173,24 +173,124 @@ def test_bytes_bound_a_task_and_what_is_beyond_its_share_is_requeued(
     assert (stats.depth, stats.in_flight_count) == (15, 0)  # the rest went back at once
 
 
-def test_a_share_above_nsqds_max_rdy_count_ends_at_it_without_waiting(
+def test_a_share_above_nsqds_max_rdy_count_is_taken_over_more_connections(
     emulator: Emulator, tmp_path: Path
 ) -> None:
     # nsqd lets a connection hold max_rdy_count (2,500) unanswered messages, and a task answers
-    # none before its rows are staged: it takes those and ends, rather than waiting
-    # task_idle_timeout for messages nsqd will not send
+    # none before its rows are staged: a larger share opens more connections to the nsqd
     topic = "exec-max-rdy"
-    emulator.publish(topic, [f"m{i:04d}".encode() for i in range(3000)])
-    r = reader(emulator, topic, tmp_path, max_messages_per_partition=5000, task_idle_timeout=20)
+    emulator.publish(topic, [f"m{i:04d}".encode() for i in range(6000)])
+    r = reader(emulator, topic, tmp_path, max_messages_per_partition=6000, task_idle_timeout=20)
     start = r.initialOffset()
     _end, parts = plan_next(r, start)
-    assert [p.part.messages for p in parts] == [3000]
+    assert [p.part.messages for p in parts] == [6000]
     started = time.monotonic()
     got = rows(r, parts[0])
     assert time.monotonic() - started < 10  # not the 20 s idle wait
-    assert len(got) == 2500
+    assert sorted(row["body"] for row in got) == [f"m{i:04d}".encode() for i in range(6000)]
     stats = emulator.channel_stats(topic, "c")
-    assert (stats.depth, stats.in_flight_count) == (500, 0)
+    assert (stats.depth, stats.in_flight_count, stats.requeue_count) == (0, 0, 0)
+
+
+def test_a_share_above_what_its_connections_may_hold_ends_there_without_waiting(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    # with max_connections_per_nsqd connections each holding max_rdy_count, the task takes
+    # those and ends, rather than waiting task_idle_timeout for messages nsqd will not send
+    topic = "exec-max-conns"
+    emulator.publish(topic, [f"m{i:04d}".encode() for i in range(6000)])
+    r = reader(
+        emulator,
+        topic,
+        tmp_path,
+        max_messages_per_partition=6000,
+        max_connections_per_nsqd=2,
+        task_idle_timeout=20,
+    )
+    start = r.initialOffset()
+    _end, parts = plan_next(r, start)
+    started = time.monotonic()
+    got = rows(r, parts[0])
+    assert time.monotonic() - started < 10
+    assert len(got) == 5000 and len({row["id"] for row in got}) == 5000
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count) == (1000, 0)
+
+
+def test_rows_whose_fin_nsqd_did_not_confirm_are_not_written_again_when_redelivered(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    # a task stages its rows, then dies before nsqd has its FINs (here: it fails after the
+    # staging write and its messages go back; a kill -9 brings them back after msg_timeout);
+    # Spark runs it again and it returns the staged rows; nsqd delivers the messages again,
+    # and the next batch must not write them a second time
+    topic = "exec-unconfirmed"
+    bodies = [f"m{i:02d}".encode() for i in range(10)]
+    emulator.publish(topic, bodies)
+    r = reader(emulator, topic, tmp_path)
+    start = r.initialOffset()
+    end, (part,) = plan_next(r, start)
+    original = Staging.publish
+
+    def staged_then_died(self: Staging, run: str, batch: int, index: int, table: Any) -> bool:
+        assert original(self, run, batch, index, table)
+        raise RuntimeError("the executor died")
+
+    Staging.publish = staged_then_died  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="died"):
+            rows(r, part)
+    finally:
+        Staging.publish = original  # type: ignore[method-assign]
+    written = [row["body"] for row in rows(r, part)]  # Spark's retry: the staged rows
+    assert sorted(written) == bodies
+    r.commit(end)
+    deadline = time.monotonic() + 10
+    while emulator.channel_stats(topic, "c").depth < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    start = end
+    end, parts = plan_next(r, start)
+    again = [row["body"] for p in parts for row in rows(r, p)]
+    assert again == []  # each message once in all
+    r.commit(end)
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count) == (0, 0)  # and the copies were FINished
+    # a message published now is a row as usual
+    emulator.publish(topic, [b"new"])
+    end, parts = plan_next(r, end)
+    assert [row["body"] for p in parts for row in rows(r, p)] == [b"new"]
+
+
+def test_confirmed_rows_leave_no_suspects_and_suspects_expire(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    topic = "exec-confirmed"
+    emulator.publish(topic, [b"a", b"b"])
+    r = reader(emulator, topic, tmp_path, redelivery_window=0)
+    start = r.initialOffset()
+    end, (part,) = plan_next(r, start)
+    assert len(rows(r, part)) == 2
+    run = end["run"]
+    staged = tmp_path / "stage" / run / "1"
+    assert sorted(p.name for p in staged.iterdir()) == ["0.arrow", "0.fin"]
+    r.commit(end)
+    assert not staged.exists() and not (tmp_path / "stage" / run / "_suspects").exists()
+    # an unconfirmed task leaves suspects; with redelivery_window 0 the next commit drops them
+    r.staging.publish(run, 7, 0, r.staging.read(run, 7, 0) or _staged_ids(b"x", part))
+    r.staging.delete_through(run, 7, redelivery_window=3600)
+    assert [p.name for p in (tmp_path / "stage" / run / "_suspects").iterdir()] == ["7-0.arrow"]
+    assert r.staging.suspects(run, part.part.address) == {b"x"}
+    assert r.staging.suspects(run, "elsewhere:4150") == frozenset()
+    time.sleep(0.05)
+    r.staging.delete_through(run, 7, redelivery_window=0)
+    assert list((tmp_path / "stage" / run / "_suspects").iterdir()) == []
+
+
+def _staged_ids(message_id: bytes, part: Any) -> Any:
+    from nsq_spark._staging import ID_COLUMN, NSQD_KEY
+
+    table = pa.table({"body": [b"x"], ID_COLUMN: pa.array([message_id], pa.binary())})
+    return table.replace_schema_metadata({NSQD_KEY: part.part.address.encode()})
 
 
 def test_an_attempt_that_loses_the_race_requeues_and_returns_the_winners_rows(
