@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nsq_emulator.frames import encode_message_data, encode_trace_receipt
 from nsq_proto import (
     AuthRequired,
     Close,
@@ -29,8 +30,6 @@ from nsq_proto import (
     TraceReceipt,
 )
 from nsq_proto import commands as cmd
-from nsq_proto._features import encode_trace_receipt
-from nsq_proto._message import encode_message_data
 from nsq_proto._state import ALLOWED, Command
 from nsq_proto.wire import encode_frame
 
