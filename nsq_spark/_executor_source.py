@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import math
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -147,14 +148,21 @@ class NSQStagedPartition(InputPartition):
 # the driver: nsqd's and lookupd's HTTP APIs
 
 
-def _http(address: str, path: str, *, post: bool = False) -> tuple[int, bytes]:
+def _http(
+    address: str, path: str, *, post: bool = False, tls: Callable[[], ssl.SSLContext] | None = None
+) -> tuple[int, bytes]:
+    """``address``: ``host:port`` or ``http://host:port`` (HTTP), or ``https://host:port``
+    (HTTPS with the context ``tls`` makes)."""
+    secure = address.startswith("https://")
+    context = tls() if secure and tls is not None else None
+    url = address if secure else f"http://{address.removeprefix('http://')}"
     request = urllib.request.Request(
-        f"http://{address.removeprefix('http://')}{path}",
+        f"{url}{path}",
         data=b"" if post else None,
         method="POST" if post else "GET",
     )
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=context) as response:
             return int(response.status), response.read()
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read()
@@ -172,6 +180,12 @@ class _Planner:
         self.started = time.monotonic()
         self.answered = False
         self.last_error: str | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._context is None:
+            self._context = self.options.connection.https_context()
+        return self._context
 
     def nodes(self) -> dict[str, str]:
         """TCP address -> HTTP address of every nsqd to read."""
@@ -231,7 +245,7 @@ class _Planner:
         # are kept for it from now on; a topic that had no channel at all hands it what it
         # holds (nsqd moves them over in the background)
         path = "/channel/create?" + _query(topic=o.topic, channel=o.channel)
-        status, _ = _http(http, path, post=True)
+        status, _ = _http(http, path, post=True, tls=self._tls)
         if status != 200:
             raise ValueError(f"/channel/create answered {status}")
         if topic.get("channels"):
@@ -244,7 +258,7 @@ class _Planner:
         o = self.options
         # (not filtered by channel: nsqd then leaves out a topic without that channel)
         query = _query(format="json", topic=o.topic, include_clients="false")
-        status, body = _http(http, "/stats?" + query)
+        status, body = _http(http, "/stats?" + query, tls=self._tls)
         if status != 200:
             raise ValueError(f"/stats answered {status}")
         stats = json.loads(body)

@@ -108,9 +108,12 @@ class _Reader:
         if value is None:
             return ()
         out = tuple(a.strip() for a in value.split(",") if a.strip())
+        checked = out
+        if name == "nsqd_http_addresses":  # the source's own requests: http:// or https://
+            checked = tuple(a.removeprefix("https://").removeprefix("http://") for a in out)
         try:
             # the clients' own check: host:port; lookupd's may also be http://host:port
-            parse_addresses(name, out, http=name == "lookupd_http_addresses")
+            parse_addresses(name, checked, http=name == "lookupd_http_addresses")
         except ConfigError as exc:
             raise OptionError(f"option {name!r}{str(exc).removeprefix(name)}") from None
         return out
@@ -157,8 +160,11 @@ class ConnectionOptions:
     dial_timeout: float | None = None
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        if not self.tls:
-            return None
+        return self.https_context() if self.tls else None
+
+    def https_context(self) -> ssl.SSLContext:
+        """For the source's requests to an ``https://`` address: the CA, client certificate
+        and verification of the TLS options (whether or not ``tls`` is on for TCP)."""
         context = ssl.create_default_context(cafile=self.tls_ca_file)
         if not self.tls_verify:
             context.check_hostname = False

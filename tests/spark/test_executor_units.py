@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import pickle
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]  # no type information (as in nsq_spark)
 import pytest
 
-from nsq_spark import SCHEMA, NSQDataSource, NSQExecutorStreamReader, OptionError
+from nsq_spark import SCHEMA, ConnectTimeout, NSQDataSource, NSQExecutorStreamReader, OptionError
 from nsq_spark._executor_source import NSQStagedPartition, plan_batch
 from nsq_spark._options import parse_source_options
 from nsq_spark._staging import Staging, StagingNotShared
 
 from .helpers import Emulator
+from .test_driver_restarts import NSQD
 
 # -- options ---------------------------------------------------------------------------------
 
@@ -338,3 +340,64 @@ def test_a_staging_location_the_executor_does_not_share_fails_the_task(
     with pytest.raises(StagingNotShared):
         list(elsewhere.read(part))
     assert emulator.channel_stats(topic, "c").depth == 1  # nothing consumed
+
+
+# -- nsqd's HTTP API over HTTPS (a real nsqd) -------------------------------------------------
+
+
+@pytest.mark.real_nsqd
+@pytest.mark.skipif(not NSQD, reason="no real nsqd: set NSQD to the binary to run these")
+def test_the_driver_asks_nsqd_over_https_with_the_tls_options(tmp_path: Path) -> None:
+    import trustme
+
+    from tests.faults._servers import Nsqd, free_port
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    https = free_port()
+    server = Nsqd(
+        f"--tls-cert={tmp_path / 'cert.pem'}",
+        f"--tls-key={tmp_path / 'key.pem'}",
+        f"--https-address=127.0.0.1:{https}",
+    )
+    server.start()
+    try:
+        topic = "exec-https"
+        body = "\n".join(f"m{i}" for i in range(5)).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.http}/mpub?topic={topic}", data=body, method="POST"
+        )
+        urllib.request.urlopen(request, timeout=5).read()
+        base = {
+            "topic": topic,
+            "channel": "c",
+            "nsqd_tcp_addresses": server.tcp_address,
+            "nsqd_http_addresses": f"https://127.0.0.1:{https}",
+            "staging_location": str(tmp_path / "stage"),
+            "task_idle_timeout": "0.3",
+            "connect_timeout": "2",
+        }
+
+        def reader(**options: str) -> Any:
+            made = NSQDataSource({**base, **options}).streamReader(SCHEMA)
+            return pickle.loads(pickle.dumps(made))
+
+        # nsqd's certificate is not trusted without the CA: no answer, then the query fails
+        untrusted = reader()
+        with pytest.raises(ConnectTimeout, match="CERTIFICATE_VERIFY_FAILED"):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                assert plan_next(untrusted, untrusted.initialOffset())[1] == []
+                time.sleep(0.5)
+        r = reader(tls_ca_file=str(tmp_path / "ca.pem"))  # TCP stays plain: tls is off
+        _end, parts = plan_next(r, r.initialOffset())
+        got = [rows(r, p) for p in parts]
+        assert sorted(row["body"] for part in got for row in part) == [
+            f"m{i}".encode() for i in range(5)
+        ]
+    finally:
+        server.stop()
+        server.cleanup()
