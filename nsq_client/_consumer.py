@@ -194,9 +194,7 @@ class Consumer(ClientBase):
         ended otherwise (lost, or closed by ``stop_timeout``): nsqd may then deliver again
         a message that was FINished.  For applications that must know, such as one that
         wrote a batch somewhere before it FINished it."""
-        return (
-            self._stopped.is_set() and not self._answers_refused and not self._closes_unconfirmed
-        )
+        return self._stopped.is_set() and not self._answers_refused and not self._closes_unconfirmed
 
     async def stop(self) -> None:
         """Stop gracefully now (leaving the ``async with`` block does the same): CLS, then
