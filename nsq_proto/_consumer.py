@@ -20,15 +20,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from ._config import ConfigError, ConsumerConfig
+from ._config import ConfigError, ConsumerConfig, parse_client_addresses
 from ._connection import Connection
-from ._core import MultiConnectionCore, parse_address
+from ._core import ConnectionTable, ReconnectScheduler, parse_address
 from ._errors import LocalProtocolError, LookupdError, NSQError
 from ._events import (
     CloseWaitReceived,
     ConnectionClosed,
     ConnId,
     ErrorReceived,
+    LookupFailed,
     LookupSucceeded,
     MessageGivenUp,
     MessageReceived,
@@ -38,11 +39,14 @@ from ._events import (
     Stopped,
 )
 from ._features import DEFAULT_MAX_RDY_COUNT
-from ._lookupd import (
-    LookupResult,
-    Peer,
-    build_lookup_request,
-    build_post_request,
+from ._lookupd import LookupResult, Peer
+from ._lookupd_client import (
+    HttpAnswer,
+    LookupAnswered,
+    LookupdClient,
+    LookupdFailed,
+    LookupdsLearned,
+    NsqdAnswered,
 )
 from ._message import Message
 from ._names import check_channel, check_topic
@@ -50,7 +54,7 @@ from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
 from ._rdy import ConnRdy, RdyPlanner
 from ._state import CAN_ANSWER, CAN_RDY, CLOSING_STATES, ConnectionState
-from ._timers import TimerKind
+from ._timers import TimerKind, Timers
 
 __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 
@@ -90,6 +94,16 @@ class _Conn:
 
 
 @dataclass(frozen=True, slots=True)
+class _SeekCall:
+    """A start-position call to nsqd's HTTP API: on the leader ``peer`` of ``partition``,
+    ``/channel/create`` when ``create``, else ``/channel/setoffset``."""
+
+    peer: Peer
+    partition: int
+    create: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionStats:
     conn_id: ConnId
     key: str
@@ -101,8 +115,12 @@ class ConnectionStats:
     partition: int | None = None
 
 
-class Consumer(MultiConnectionCore[_Conn]):
-    """Consumer core of one ``topic``/``channel`` subscription."""
+class Consumer:
+    """Consumer core of one ``topic``/``channel`` subscription (a :class:`ClientCore`).
+
+    Composed of its connection table (ids, routing, the connections' deadlines), its lookupd
+    client (the HTTP calls), its RDY planner (RDY and backoff) and its reconnect scheduler;
+    it owns discovery, in-flight bookkeeping, ordered consumption and the graceful stop."""
 
     def __init__(
         self,
@@ -117,21 +135,34 @@ class Consumer(MultiConnectionCore[_Conn]):
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
         self.config = cfg = config if config is not None else ConsumerConfig()
-        super().__init__(
-            nsqd_tcp_addresses=nsqd_tcp_addresses,
-            lookupd_http_addresses=lookupd_http_addresses,
-            lookupd_timeout=cfg.lookupd_poll_timeout,
-            user_agent=cfg.user_agent,
-            reconnect_delay=cfg.reconnect_delay,
-            max_reconnect_delay=cfg.max_reconnect_delay,
-            reconnect_jitter=cfg.reconnect_jitter,
-            rng=rng,
+        #: the fixed nsqd list
+        self._nsqd, lookupd = parse_client_addresses(nsqd_tcp_addresses, lookupd_http_addresses)
+        self._rng = rng if rng is not None else random.Random()
+        self._outputs: deque[Output] = deque()
+        self._timers = Timers()
+        self._table: ConnectionTable[_Conn] = ConnectionTable(self._drain)
+        #: the table's records (the table adds and removes them)
+        self._conns = self._table.by_id
+        #: the time given with the latest call (for work done on behalf of no call: draining)
+        self._now = 0.0
+        self._started = False
+        self._reconnects = ReconnectScheduler(
+            self._rng, cfg.reconnect_delay, cfg.max_reconnect_delay, cfg.reconnect_jitter
         )
-        if cfg.start_from is not None and not self._lookupd:
+        self._lookupd = LookupdClient(
+            lookupd,
+            timeout=cfg.lookupd_poll_timeout,
+            user_agent=cfg.user_agent,
+            timers=self._timers,
+            send=self._outputs.append,
+        )
+        #: the start-position calls to nsqd in flight: request id -> what each sets
+        self._seek_calls: dict[int, _SeekCall] = {}
+        if cfg.start_from is not None and not lookupd:
             # the position is set over the HTTP API of each partition's leader, which lookupd
             # names (its TCP SUB_ADVANCED form applies it to the wrong partition)
             raise ConfigError("start_from needs lookupd_http_addresses")
-        if cfg.ordered and self._nsqd and not self._lookupd and not cfg.partitions:
+        if cfg.ordered and self._nsqd and not lookupd and not cfg.partitions:
             # SUB_ORDERED names a partition: without lookupd to learn them, say which
             raise ConfigError(
                 "ordered=True with nsqd_tcp_addresses needs partitions=[...] "
@@ -173,8 +204,22 @@ class Consumer(MultiConnectionCore[_Conn]):
 
     # ------------------------------------------------------------------ outputs and time
 
+    def next_output(self) -> Output | None:
+        if not self._outputs:
+            self._table.drain_all(self._now)
+        return self._outputs.popleft() if self._outputs else None
+
+    def outputs(self) -> list[Output]:
+        self._table.drain_all(self._now)
+        out = list(self._outputs)
+        self._outputs.clear()
+        return out
+
     def next_deadline(self) -> float | None:
-        deadline = super().next_deadline()
+        deadline = self._timers.next_deadline()
+        conns = self._table.next_deadline()
+        if conns is not None and (deadline is None or conns < deadline):
+            deadline = conns
         planned = self._rdy.next_deadline()
         if planned is not None and (deadline is None or planned < deadline):
             return planned
@@ -182,7 +227,7 @@ class Consumer(MultiConnectionCore[_Conn]):
 
     def handle_timer(self, now: float) -> None:
         self._now = now
-        self._fire_connection_timers(now)
+        self._table.handle_timer(now)
         rdy = self._rdy
         planned = rdy.next_deadline()
         if planned is None or planned > now:
@@ -206,7 +251,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             self._recheck(now)
         elif kind is TimerKind.HTTP_TIMEOUT:
             assert isinstance(arg, int)
-            self._http_error(arg, LookupdError("lookupd request timed out"))
+            self._on_http_answer(self._lookupd.timed_out(arg), now)
         elif kind is TimerKind.RECONNECT:
             assert isinstance(arg, tuple)
             address, partition = arg
@@ -217,6 +262,52 @@ class Consumer(MultiConnectionCore[_Conn]):
     def _send_rdy(self, conn_id: ConnId, count: int) -> None:
         """Carry out one of the planner's RDY decisions."""
         self._conns[conn_id].conn.rdy(count)
+
+    # ------------------------------------------------------------------ transport events
+    # (routed by the connection table, which drains the connection through _drain)
+
+    def connection_made(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
+        self._table.connection_made(conn_id, now)
+
+    def tls_established(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
+        self._table.tls_established(conn_id, now)
+
+    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
+        self._now = now
+        self._table.receive_data(conn_id, data, now)
+
+    def connection_lost(
+        self, conn_id: ConnId, now: float, error: BaseException | None = None
+    ) -> None:
+        self._now = now
+        self._table.connection_lost(conn_id, now, error)
+
+    def http_data(self, request_id: int, data: bytes, now: float) -> None:
+        """Bytes of a lookupd (or nsqd HTTP API) response (``b""`` at EOF)."""
+        self._now = now
+        self._on_http_answer(self._lookupd.http_data(request_id, data, now), now)
+
+    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
+        """The driver could not reach lookupd (or nsqd's HTTP API) or the transfer broke."""
+        self._now = now
+        self._on_http_answer(self._lookupd.http_failed(request_id, error), now)
+
+    def _on_http_answer(self, answer: HttpAnswer | None, now: float) -> None:
+        if answer is None:
+            return
+        if isinstance(answer, LookupAnswered):
+            self._apply_lookup(answer.address, answer.result, now)
+        elif isinstance(answer, LookupdsLearned):
+            self.poll_lookupd_now(now)
+        elif isinstance(answer, LookupdFailed):
+            self._outputs.append(LookupFailed(answer.address, answer.error))
+        elif isinstance(answer, NsqdAnswered):
+            seek = self._seek_calls.pop(answer.request_id)
+            self._on_seek_answer(seek, answer.status, answer.body, now)
+        else:
+            self._on_seek_failed(self._seek_calls.pop(answer.request_id), answer.error)
 
     # ------------------------------------------------------------------ start and discovery
 
@@ -230,7 +321,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             # partitioned server without lookupd: one connection per configured partition
             for partition in self.config.partitions or (None,):
                 self._connect(address, partition, now)
-        if self._lookupd:
+        if self._lookupd.addresses:
             self._poll(now)
         self._rdy.start(now)
 
@@ -238,20 +329,15 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._stopping:
             return
         cfg = self.config
-        self._query_lookupd()
+        self._query_lookupd(now)
         # the guide: jitter each poll by a random share of the interval
         interval = cfg.lookupd_poll_interval
         jitter = self._rng.random() * cfg.lookupd_poll_jitter * interval
         self._timers.set((TimerKind.LOOKUPD_POLL, None), now + interval + jitter)
 
-    def _query_lookupd(self) -> None:
-        for host, port in self._lookupd:
-            data = build_lookup_request(
-                host, port, self.topic, access="r", metainfo=True, user_agent=self._user_agent
-            )
-            self._http_request((host, port), data, self.topic)
-        if self._cluster_seen:
-            self._listlookup()
+    def _query_lookupd(self, now: float) -> None:
+        self._lookupd.lookup(self.topic, "r", now)
+        self._lookupd.refresh_cluster(now)
 
     def _schedule_recheck(self, now: float) -> None:
         """Ask lookupd again after a loss: at ``lookupd_recheck_delay``, doubling while the
@@ -275,26 +361,18 @@ class Consumer(MultiConnectionCore[_Conn]):
         if not self._lost_keys:
             self._recheck_attempt = 0
             return
-        self._query_lookupd()
+        self._query_lookupd(now)
         self._recheck_attempt += 1
         self._schedule_recheck(now)
 
     def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
         """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
-        if not self._lookupd or self._stopping:
+        if not self._lookupd.addresses or self._stopping:
             return
         key = (TimerKind.LOOKUPD_POLL, None)
         current = self._timers.deadline(key)
         if current is None or current > now + delay:
             self._timers.set(key, now + delay)
-
-    def _on_lookupd_added(self, now: float) -> None:
-        self.poll_lookupd_now(now)
-
-    def _on_lookup(
-        self, address: tuple[str, int], topic: str, result: LookupResult, now: float
-    ) -> None:
-        self._apply_lookup(address, result, now)
 
     def _apply_lookup(self, address: tuple[str, int], result: LookupResult, now: float) -> None:
         keys: list[str] = []
@@ -351,24 +429,22 @@ class Consumer(MultiConnectionCore[_Conn]):
         position = self.config.start_position(partition)
         assert position is not None
         self._seeks[partition] = "busy"
-        host, port = producer.address[0], producer.http_port
+        address = (producer.address[0], producer.http_port)
         query: dict[str, str | int] = {
             "topic": self.topic,
             "partition": partition,
             "channel": self.channel,
         }
         if create:
-            data = build_post_request(host, port, "/channel/create", query, b"", self._user_agent)
+            rid = self._lookupd.post(address, "/channel/create", query, b"", self._now)
         else:
-            data = build_post_request(
-                host, port, "/channel/setoffset", query, position.token(), self._user_agent
+            rid = self._lookupd.post(
+                address, "/channel/setoffset", query, position.token(), self._now
             )
-        self._http_request((host, port), data, None, nsqd_call=(producer, partition, create))
+        self._seek_calls[rid] = _SeekCall(producer, partition, create)
 
-    def _on_nsqd_answer(
-        self, seek: tuple[Peer, int, bool], status: int, body: bytes, now: float
-    ) -> None:
-        producer, partition, created = seek
+    def _on_seek_answer(self, seek: _SeekCall, status: int, body: bytes, now: float) -> None:
+        producer, partition, created = seek.peer, seek.partition, seek.create
         if status == 200:
             if created:
                 del self._seeks[partition]
@@ -385,16 +461,16 @@ class Consumer(MultiConnectionCore[_Conn]):
             return
         what = "/channel/create" if created else "/channel/setoffset"
         detail = f": {text}" if text else ""
-        self._on_nsqd_failed(
+        self._on_seek_failed(
             seek,
             LookupdError(
                 f"start_from for partition {partition}: {what} answered HTTP {status}{detail}"
             ),
         )
 
-    def _on_nsqd_failed(self, seek: tuple[Peer, int, bool], error: NSQError) -> None:
+    def _on_seek_failed(self, seek: _SeekCall, error: NSQError) -> None:
         # not consumed from until the position is set: the next lookup tries again
-        producer, partition, _ = seek
+        producer, partition = seek.peer, seek.partition
         self._seeks.pop(partition, None)
         self._outputs.append(StartFromFailed(producer.address, partition, error))
 
@@ -413,19 +489,18 @@ class Consumer(MultiConnectionCore[_Conn]):
         key = f"{address[0]}:{address[1]}" + ("" if partition is None else f"-{partition}")
         if key in self._by_key:
             return
-        conn_id = self._next_conn_id
-        self._next_conn_id += 1
+        conn_id = self._table.new_id()
         config = self.config.connection_config(
             extend_support=extend_support or self.config.extend_support
         )
         ordered = self._ordered_required and partition is not None
         conn = Connection(config, conn_id, address=address)
         rec = _Conn(conn_id, conn, key, address, partition, ordered)
-        self._conns[conn_id] = rec
+        self._table.add(conn_id, rec)
         self._by_key[key] = conn_id
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
 
-    def _pump(self, rec: _Conn, now: float) -> None:
+    def _drain(self, rec: _Conn, now: float) -> None:
         """Move a connection's outputs to ours, reacting to its events on the way."""
         conn = rec.conn
         out = self._outputs
@@ -436,13 +511,13 @@ class Consumer(MultiConnectionCore[_Conn]):
             if planned is not None and planned.can_rdy and conn.state not in CAN_RDY:
                 # closing or closed (its events are in ``items``): no more RDY on it
                 rdy.connection_closing(rec.conn_id)
-            self._pump_items(rec, conn, items, out, rdy, max_attempts, now)
+            self._drain_items(rec, conn, items, out, rdy, max_attempts, now)
             if self._requeue_arrivals and conn.state is _S.CLOSE_WAIT and not rec.in_flight:
                 # nsqd may write a message it took before our CLS right after its CLOSE_WAIT:
                 # closed once what this read carried is requeued
                 conn.close("consumer stopped")
 
-    def _pump_items(
+    def _drain_items(
         self,
         rec: _Conn,
         conn: Connection,
@@ -563,7 +638,7 @@ class Consumer(MultiConnectionCore[_Conn]):
             self.poll_lookupd_now(now, 1.0)
 
     def _on_closed(self, rec: _Conn, event: ConnectionClosed, now: float) -> None:
-        self._conns.pop(rec.conn_id, None)
+        self._table.remove(rec.conn_id)
         if self._by_key.get(rec.key) == rec.conn_id:
             del self._by_key[rec.key]
         # its RDY goes to the others (nothing is sent once stopping)
@@ -574,13 +649,14 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._stopping:
             self._check_stopped(now)
             return
-        if self._lookupd and rec.address not in self._nsqd:
+        if self._lookupd.addresses and rec.address not in self._nsqd:
             # the guide: with lookupd, reconnect only if lookupd still lists it; go-nsq asks
             # lookupd again right after a close rather than waiting for the next poll
             self._lost_keys.add(rec.key)
             self._schedule_recheck(now)
         elif rec.address in self._nsqd:
-            self._schedule_reconnect((rec.address, rec.partition), now)
+            target = (rec.address, rec.partition)
+            self._timers.set((TimerKind.RECONNECT, target), now + self._reconnects.delay(target))
 
     # ------------------------------------------------------------------ RDY and backoff
     # (decided by the RdyPlanner of _rdy.py; the consumer tells it what happened)
@@ -801,7 +877,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         if self._stopping:
             if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
                 rec.conn.close("consumer stopped")
-                self._pump(rec, now)
+                self._drain(rec, now)
         elif rec.planned is not None:
             self._rdy.answered(rec.planned, now)
         # the commands wait in the connection's buffer: the next outputs() call sends every
@@ -835,15 +911,15 @@ class Consumer(MultiConnectionCore[_Conn]):
         self._timers.cancel_kind(TimerKind.LOOKUPD_RECHECK)
         self._timers.cancel_kind(TimerKind.RECONNECT)
         self._rdy.stop()
-        for rid in list(self._http):
-            self._http_error(rid, LookupdError("consumer stopping"))
+        for answer in self._lookupd.cancel_all(LookupdError("consumer stopping")):
+            self._on_http_answer(answer, now)
         for rec in list(self._conns.values()):
             state = rec.conn.state
             if state in CAN_RDY:
                 rec.conn.start_close()
             elif state not in CLOSING_STATES:
                 rec.conn.close("consumer stopping")
-            self._pump(rec, now)
+            self._drain(rec, now)
         self._timers.set((TimerKind.STOP_TIMEOUT, None), now + self.config.stop_timeout)
         if requeue_unanswered:
             self._requeue_unanswered(now)
@@ -862,14 +938,14 @@ class Consumer(MultiConnectionCore[_Conn]):
             self._requeue_held(rec)
             if rec.conn.state is not _S.CLOSING:
                 rec.conn.close("consumer stopped")
-            self._pump(rec, now)
+            self._drain(rec, now)
         self._check_stopped(now)
 
     def _stop_timeout(self, now: float) -> None:
         for rec in list(self._conns.values()):
             self._requeue_held(rec)
             rec.conn.close("stop timeout")
-            self._pump(rec, now)
+            self._drain(rec, now)
         self._check_stopped(now)
 
     def _requeue_held(self, rec: _Conn) -> None:
@@ -889,7 +965,7 @@ class Consumer(MultiConnectionCore[_Conn]):
         for rec in list(self._conns.values()):
             if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
                 rec.conn.close("consumer stopped")
-                self._pump(rec, now)
+                self._drain(rec, now)
         if not self._conns:
             self._stopped = True
             self._timers.cancel_kind(TimerKind.STOP_TIMEOUT)
@@ -946,4 +1022,4 @@ class Consumer(MultiConnectionCore[_Conn]):
         rec = self._conns.get(conn_id)
         if rec is not None:
             rec.conn.close(reason)
-            self._pump(rec, now)
+            self._drain(rec, now)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from . import commands as cmd
-from ._config import ProducerConfig
+from ._config import ProducerConfig, parse_client_addresses
 from ._connection import Connection
-from ._core import MultiConnectionCore
+from ._core import ConnectionTable, ReconnectScheduler
 from ._errors import (
     ConnectionClosedError,
     LocalProtocolError,
@@ -35,16 +35,15 @@ from ._errors import (
 from ._events import (
     ConnectionClosed,
     ConnId,
+    LookupFailed,
     PublishFailed,
     PublishSucceeded,
     Ready,
 )
-from ._lookupd import (
-    LookupResult,
-    build_lookup_request,
-)
+from ._lookupd import LookupResult
+from ._lookupd_client import HttpAnswer, LookupAnswered, LookupdClient, LookupdFailed
 from ._names import check_topic
-from ._outputs import Connect
+from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED, partition_for_key
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
@@ -107,9 +106,13 @@ class _TopicRoute:
     next_rr: int = 0
 
 
-class Producer(MultiConnectionCore[_PConn]):
-    """Producer core.  ``publish*`` return a request id; the answer comes as a
-    :class:`PublishSucceeded` or :class:`PublishFailed` event carrying it."""
+class Producer:
+    """Producer core (a :class:`ClientCore`).  ``publish*`` return a request id; the answer
+    comes as a :class:`PublishSucceeded` or :class:`PublishFailed` event carrying it.
+
+    Composed of its connection table (ids, routing, the connections' deadlines), its lookupd
+    client (the HTTP calls) and its reconnect scheduler; it owns the pool, the routes and the
+    requests."""
 
     def __init__(
         self,
@@ -120,15 +123,26 @@ class Producer(MultiConnectionCore[_PConn]):
         rng: random.Random | None = None,
     ) -> None:
         self.config = cfg = config if config is not None else ProducerConfig()
-        super().__init__(
-            nsqd_tcp_addresses=nsqd_tcp_addresses,
-            lookupd_http_addresses=lookupd_http_addresses,
-            lookupd_timeout=cfg.lookupd_poll_timeout,
+        #: the fixed nsqd list, and the nsqd lookupd names for a standard server's topic
+        self._nsqd, lookupd = parse_client_addresses(nsqd_tcp_addresses, lookupd_http_addresses)
+        self._rng = rng if rng is not None else random.Random()
+        self._outputs: deque[Output] = deque()
+        self._timers = Timers()
+        self._table: ConnectionTable[_PConn] = ConnectionTable(self._drain)
+        #: the table's records (the table adds and removes them)
+        self._conns = self._table.by_id
+        #: the time given with the latest call (for work done on behalf of no call: draining)
+        self._now = 0.0
+        self._started = False
+        self._reconnects = ReconnectScheduler(
+            self._rng, cfg.reconnect_delay, cfg.max_reconnect_delay, cfg.reconnect_jitter
+        )
+        self._lookupd = LookupdClient(
+            lookupd,
+            timeout=cfg.lookupd_poll_timeout,
             user_agent=cfg.user_agent,
-            reconnect_delay=cfg.reconnect_delay,
-            max_reconnect_delay=cfg.max_reconnect_delay,
-            reconnect_jitter=cfg.reconnect_jitter,
-            rng=rng,
+            timers=self._timers,
+            send=self._outputs.append,
         )
         self._conn_config = cfg.connection_config()
         self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
@@ -155,8 +169,22 @@ class Producer(MultiConnectionCore[_PConn]):
 
     # ------------------------------------------------------------------ outputs and time
 
+    def next_output(self) -> Output | None:
+        if not self._outputs:
+            self._table.drain_all(self._now)
+        return self._outputs.popleft() if self._outputs else None
+
+    def outputs(self) -> list[Output]:
+        self._table.drain_all(self._now)
+        out = list(self._outputs)
+        self._outputs.clear()
+        return out
+
     def next_deadline(self) -> float | None:
-        deadline = super().next_deadline()
+        deadline = self._timers.next_deadline()
+        conns = self._table.next_deadline()
+        if conns is not None and (deadline is None or conns < deadline):
+            deadline = conns
         if self._requests:
             # the oldest request expires first (see publish): no scan of every request
             first = next(iter(self._requests.values())).deadline
@@ -166,7 +194,7 @@ class Producer(MultiConnectionCore[_PConn]):
 
     def handle_timer(self, now: float) -> None:
         self._now = now
-        self._fire_connection_timers(now)
+        self._table.handle_timer(now)
         for kind, arg in self._timers.pop_due(now):
             if kind is TimerKind.RECONNECT:
                 assert isinstance(arg, tuple)
@@ -174,7 +202,7 @@ class Producer(MultiConnectionCore[_PConn]):
                 self._open(address, slot)
             elif kind is TimerKind.HTTP_TIMEOUT:
                 assert isinstance(arg, int)
-                self._http_error(arg, LookupdError("lookupd request timed out"))
+                self._on_http_answer(self._lookupd.timed_out(arg))
             elif kind is TimerKind.LOOKUPD_POLL:
                 assert isinstance(arg, str)
                 self._lookup(arg)
@@ -212,25 +240,61 @@ class Producer(MultiConnectionCore[_PConn]):
     def _open(self, address: tuple[str, int], slot: int) -> None:
         if self._closing or (address, slot) in self._slots:
             return
-        conn_id = self._next_conn_id
-        self._next_conn_id += 1
+        conn_id = self._table.new_id()
         conn = Connection(self._conn_config, conn_id, address=address)
         rec = _PConn(conn_id, conn, address, slot)
-        self._conns[conn_id] = rec
+        self._table.add(conn_id, rec)
         self._slots[(address, slot)] = conn_id
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
 
-    def _after_input(self) -> None:
-        self._dispatch()
+    # ------------------------------------------------------------------ transport events
+    # (routed by the connection table, which drains the connection through _drain)
 
     def connection_made(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
         rec = self._conns.get(conn_id)
         if rec is not None:
             rec.connected = True
             self._unreachable.pop((rec.address, rec.slot), None)
-        super().connection_made(conn_id, now)
+        self._table.connection_made(conn_id, now)
 
-    def _pump(self, rec: _PConn, now: float) -> None:
+    def tls_established(self, conn_id: ConnId, now: float) -> None:
+        self._now = now
+        self._table.tls_established(conn_id, now)
+
+    def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
+        self._now = now
+        if self._table.receive_data(conn_id, data, now) is not None:
+            self._dispatch()
+
+    def connection_lost(
+        self, conn_id: ConnId, now: float, error: BaseException | None = None
+    ) -> None:
+        self._now = now
+        if self._table.connection_lost(conn_id, now, error) is not None:
+            self._dispatch()
+
+    def http_data(self, request_id: int, data: bytes, now: float) -> None:
+        """Bytes of a lookupd response (``b""`` at EOF)."""
+        self._now = now
+        self._on_http_answer(self._lookupd.http_data(request_id, data, now))
+
+    def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
+        """The driver could not reach lookupd or the transfer broke."""
+        self._now = now
+        self._on_http_answer(self._lookupd.http_failed(request_id, error))
+
+    def _on_http_answer(self, answer: HttpAnswer | None) -> None:
+        if isinstance(answer, LookupAnswered):
+            self._apply_lookup(answer.topic, answer.result)
+            self._dispatch()
+        elif isinstance(answer, LookupdFailed):
+            self._outputs.append(LookupFailed(answer.address, answer.error))
+            if answer.topic is not None:
+                self._on_lookup_failed(answer.topic, answer.error, answer.answered)
+        # LookupdsLearned: asked at the next lookup; the producer makes no calls to nsqd
+
+    def _drain(self, rec: _PConn, now: float) -> None:
         conn = rec.conn
         out = self._outputs
         while (item := conn.next_output()) is not None:
@@ -263,7 +327,7 @@ class Producer(MultiConnectionCore[_PConn]):
                 out.append(item)
 
     def _on_closed(self, rec: _PConn, now: float) -> None:
-        self._conns.pop(rec.conn_id, None)
+        self._table.remove(rec.conn_id)
         if self._slots.get((rec.address, rec.slot)) == rec.conn_id:
             del self._slots[(rec.address, rec.slot)]
         for req in list(rec.outstanding.values()):
@@ -272,7 +336,8 @@ class Producer(MultiConnectionCore[_PConn]):
         if self._closing:
             return
         if rec.address in self._nsqd or self._wanted_address(rec.address):
-            self._schedule_reconnect((rec.address, rec.slot), now)
+            target = (rec.address, rec.slot)
+            self._timers.set((TimerKind.RECONNECT, target), now + self._reconnects.delay(target))
 
     def _wanted_address(self, address: tuple[str, int]) -> bool:
         return any(address in r.partitions.values() for r in self._routes.values())
@@ -406,7 +471,7 @@ class Producer(MultiConnectionCore[_PConn]):
             raise LocalProtocolError(f"partition must be a non-negative int, not {partition!r}")
         if isinstance(sharding_key, str):
             sharding_key = sharding_key.encode()
-        if sharding_key is not None and not self._lookupd:
+        if sharding_key is not None and not self._lookupd.addresses:
             raise LocalProtocolError("a sharding key needs lookupd (to learn the partition count)")
         if delay < 0:
             raise LocalProtocolError("delay cannot be negative")
@@ -433,7 +498,7 @@ class Producer(MultiConnectionCore[_PConn]):
         )
         self._requests[rid] = req
         self._queue.append(req)
-        if self._lookupd and topic not in self._routes:
+        if self._lookupd.addresses and topic not in self._routes:
             self._lookup(topic)
         self._dispatch()
         return rid
@@ -535,7 +600,7 @@ class Producer(MultiConnectionCore[_PConn]):
     def _route(self, req: _Request) -> tuple[tuple[str, int] | None, int | None] | None:
         """Where a request goes: (address or None for any, partition); None: not yet known.
         Raises LocalProtocolError where it can go nowhere."""
-        if not self._lookupd:
+        if not self._lookupd.addresses:
             return None, req.partition
         route = self._routes.get(req.topic)
         if route is None:
@@ -664,19 +729,14 @@ class Producer(MultiConnectionCore[_PConn]):
         if topic in self._lookup_pending or self._closing:
             return
         self._lookup_pending.add(topic)
-        if self._cluster_seen:
-            self._listlookup()  # the cluster's lookupd may have changed
-        for host, port in self._lookupd:
-            data = build_lookup_request(
-                host, port, topic, access="w", metainfo=True, user_agent=self._user_agent
-            )
-            self._http_request((host, port), data, topic)
+        self._lookupd.refresh_cluster(self._now)  # the cluster's lookupd may have changed
+        self._lookupd.lookup(topic, "w", self._now)
 
     def _on_lookup_failed(self, topic: str, error: NSQError, answered: bool) -> None:
         self._lookup_errors[topic] = error
         if answered:
             self._refusals[topic] = self._refusals.get(topic, 0) + 1
-        if not self._looking_up(topic):
+        if not self._lookupd.looking_up(topic):
             self._lookup_pending.discard(topic)
             if self._refusals.get(topic, 0) >= 2 and topic not in self._routes:
                 # lookupd said no twice (e.g. "Topic has no channel, should init at least one
@@ -689,16 +749,10 @@ class Producer(MultiConnectionCore[_PConn]):
             # try again a little later; other waiting requests time out on their deadline
             self._timers.set((TimerKind.LOOKUPD_POLL, topic), self._now + 1.0)
 
-    def _on_lookup(
-        self, address: tuple[str, int], topic: str, result: LookupResult, now: float
-    ) -> None:
-        self._apply_lookup(topic, result)
-        self._dispatch()
-
     def _apply_lookup(self, topic: str, result: LookupResult) -> None:
         self._refusals.pop(topic, None)
         self._lookup_errors.pop(topic, None)
-        if not self._looking_up(topic):
+        if not self._lookupd.looking_up(topic):
             self._lookup_pending.discard(topic)
         meta = result.meta
         partitions = {pid: p.address for pid, p in result.partitions.items()}
@@ -727,7 +781,7 @@ class Producer(MultiConnectionCore[_PConn]):
 
     def _invalidate_route(self, topic: str) -> None:
         self._routes.pop(topic, None)
-        if self._lookupd:
+        if self._lookupd.addresses:
             self._lookup(topic)
 
     # ------------------------------------------------------------------ closing
@@ -736,17 +790,17 @@ class Producer(MultiConnectionCore[_PConn]):
         """Close every connection; requests not yet answered fail."""
         self._now = now
         self._closing = True
-        self._timers = Timers()
+        self._timers.clear()
         for req in list(self._queue):
             self._fail(req, ConnectionClosedError("producer closed"))
         for rec in list(self._conns.values()):
             rec.conn.close("producer closed")
-            self._pump(rec, self._now)
+            self._drain(rec, self._now)
         # what was sent and not answered is put back for a retry by the connection's loss:
         # no retry comes after close, so it fails now (not at publish_timeout)
         for req in list(self._requests.values()):
             self._fail(req, ConnectionClosedError("producer closed"))
-        self._timers = Timers()
+        self._timers.clear()
 
     @property
     def pending(self) -> int:

@@ -46,6 +46,10 @@ class Timers:
     def cancel(self, key: TimerKey) -> None:
         self._deadlines.pop(key, None)
 
+    def clear(self) -> None:
+        """Cancel every timer."""
+        self._deadlines.clear()
+
     def cancel_kind(self, kind: TimerKind) -> None:
         for key in [k for k in self._deadlines if k[0] is kind]:
             del self._deadlines[key]

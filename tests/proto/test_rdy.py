@@ -457,7 +457,7 @@ def test_reconnect_scheduler_doubles_up_to_the_cap_per_target() -> None:
     assert reconnect_delay(2, 1.0, 5.0, 0.5, 1.0) == 1.0
 
 
-def test_both_cores_share_the_base_init_and_reconnect_scheduler() -> None:
+def test_both_cores_check_their_addresses_and_have_a_reconnect_scheduler() -> None:
     consumer = Consumer("t", "c", nsqd_tcp_addresses=["n:4150"])
     producer = Producer(nsqd_tcp_addresses=[("n", 4150)])
     for core in (consumer, producer):
