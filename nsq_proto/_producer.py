@@ -14,9 +14,10 @@ import contextlib
 import math
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from enum import Enum
+from typing import Any, Final, Protocol
 
 from . import commands as cmd
 from ._config import ProducerConfig, parse_client_addresses
@@ -50,22 +51,29 @@ from ._timers import TimerKind, Timers
 
 __all__ = ["ProducerConfig", "Producer", "PublishTimeout"]
 
-_S = ConnectionState
-
-_PUB: Final = "PUB"
 _NO_DPUB: Final = "the partitioned server has no DPUB (deferred publish): publish without a delay"
-_MPUB: Final = "MPUB"
-_DPUB: Final = "DPUB"
 #: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
 _RETRY_BASE: Final = 0.008
 _RETRY_STEP: Final = 0.010
+
+
+class _Kind(Enum):
+    """What a publish sends (the form on the wire also depends on its partition, trace ids
+    and extension header)."""
+
+    # members are singletons: identity hashing is exact and much cheaper than Enum's
+    __hash__ = object.__hash__
+
+    PUB = "PUB"
+    MPUB = "MPUB"
+    DPUB = "DPUB"
 
 
 @dataclass(slots=True)
 class _Request:
     request_id: int
     topic: str
-    kind: str
+    kind: _Kind
     bodies: list[bytes]
     partition: int | None
     sharding_key: bytes | None
@@ -77,7 +85,10 @@ class _Request:
     #: the header has the key ``##trace_id``: the server answers PUB_EXT with a receipt
     ext_traced: bool = False
     attempts: int = 0
+    #: the connection it was last assigned to (0: never)
     conn_id: ConnId = 0
+    #: the partition it was last assigned to (None: the server's choice)
+    sent_partition: int | None = None
     #: not sent again before this time (the retry backoff)
     not_before: float = 0.0
     #: the ordered partition ``(topic, partition)`` it was sent to, while unanswered
@@ -92,10 +103,15 @@ class _PConn:
     conn: Connection
     address: tuple[str, int]
     slot: int
-    #: connection-level request id -> our request
+    #: the connection's own publish id (``Connection.publish_encoded``) -> our request
     outstanding: dict[int, _Request] = field(default_factory=dict)
+    #: requests assigned to it by the dispatch under way, not yet written
+    assigned: int = 0
     #: the TCP connection came up (a loss before it is a failed connection attempt)
     connected: bool = False
+
+
+# ------------------------------------------------------------------------------ routing
 
 
 @dataclass(slots=True)
@@ -104,6 +120,362 @@ class _TopicRoute:
     partitions: dict[int, tuple[str, int]]
     ordered: bool
     next_rr: int = 0
+
+
+class Routes:
+    """Where each topic's publishes go: routing and sharding.
+
+    Without lookupd every publish goes to any connection of the pool.  With lookupd, a topic
+    is routed once its lookup answered: a standard server's topic to any connection, a
+    partitioned topic to the leader of a partition (the publish's own, its sharding key's, or
+    the next one round-robin).  It knows no connection: it names addresses and partitions."""
+
+    __slots__ = ("_hasher", "_lookupd", "routes")
+
+    def __init__(self, *, lookupd: bool, hasher: Callable[[bytes], int] | None) -> None:
+        self._lookupd = lookupd
+        self._hasher = hasher
+        #: topic -> its route, once a lookup answered
+        self.routes: dict[str, _TopicRoute] = {}
+
+    def known(self, topic: str) -> bool:
+        return topic in self.routes
+
+    def partitioned(self, topic: str) -> bool:
+        """lookupd named partitions for ``topic``."""
+        route = self.routes.get(topic)
+        return route is not None and bool(route.partitions)
+
+    def wanted(self, address: tuple[str, int]) -> bool:
+        """Some topic's partition is led from ``address``."""
+        return any(address in r.partitions.values() for r in self.routes.values())
+
+    def leaders(self) -> list[tuple[str, int]]:
+        """The address of every partition leader known (with repeats)."""
+        return [a for route in self.routes.values() for a in route.partitions.values()]
+
+    def apply(self, topic: str, result: LookupResult) -> list[tuple[str, int]] | None:
+        """A lookup of ``topic`` answered: the partition leaders to connect to, sorted (empty
+        for a standard server); None when the answer is kept out (it lists no partition where
+        a route with partitions is known: what is known stays until a useful answer)."""
+        meta = result.meta
+        partitions = {pid: p.address for pid, p in result.partitions.items()}
+        old = self.routes.get(topic)
+        if old is not None and old.partitions and not partitions:
+            return None
+        # no count from lookupd: 0, never the number of partitions listed (one may be missing)
+        num = meta.partition_num if meta is not None and meta.partition_num > 0 else 0
+        route = _TopicRoute(num, partitions, bool(meta and meta.ordered))
+        if old is not None:
+            route.next_rr = old.next_rr
+        self.routes[topic] = route
+        return sorted(set(partitions.values()))
+
+    def forget(self, topic: str) -> None:
+        """The topology changed (a partitioned server's error): look ``topic`` up again."""
+        self.routes.pop(topic, None)
+
+    def route(self, req: _Request) -> tuple[tuple[str, int] | None, int | None] | None:
+        """Where a request goes: (address or None for any, partition); None: not yet known.
+        Raises LocalProtocolError where it can go nowhere."""
+        if not self._lookupd:
+            return None, req.partition
+        route = self.routes.get(req.topic)
+        if route is None:
+            return None
+        if not route.partitions:
+            return None, req.partition  # standard server behind lookupd: any of our nsqd
+        if req.sharding_key is not None:
+            if route.partition_num <= 0:
+                raise LocalProtocolError(
+                    f"lookupd gave no partition count (meta.partition_num) for topic "
+                    f"{req.topic!r}: a sharding key cannot be mapped to a partition"
+                )
+            num = route.partition_num
+            cached = req.hashed
+            if cached is None or cached[0] != num:
+                cached = req.hashed = (num, partition_for_key(req.sharding_key, num, self._hasher))
+            pid = cached[1]
+        elif req.partition is not None:
+            pid = req.partition
+        else:
+            pids = sorted(route.partitions)
+            pid = pids[route.next_rr % len(pids)]
+            route.next_rr += 1
+        address = route.partitions.get(pid)
+        if address is None:
+            num = route.partition_num
+            if num and not 0 <= pid < num:
+                raise LocalProtocolError(
+                    f"topic {req.topic!r} has {num} partitions (0..{num - 1}): no partition {pid}"
+                )
+            return None
+        return address, pid
+
+    def stream(self, req: _Request, partition: int | None) -> tuple[str, int] | None:
+        """The ordered partition ``req`` belongs to: a publish with a sharding key, or to a
+        partition of an ordered topic; None where call order is not promised."""
+        if partition is None:
+            return None
+        if req.sharding_key is None and req.partition is None:
+            return None
+        if req.sharding_key is None:
+            route = self.routes.get(req.topic)
+            if route is None or not route.ordered:
+                return None
+        return (req.topic, partition)
+
+
+# ------------------------------------------------------------------------------ the queue
+
+
+class Pool(Protocol):
+    """The connections a :class:`PublishQueue` assigns requests to, by id."""
+
+    def pick(self, address: tuple[str, int] | None) -> ConnId | None:
+        """The least loaded ready connection with room (to ``address``; None: any), counting
+        what this dispatch assigned already; None when there is none."""
+        ...
+
+    def take(self, conn_id: ConnId) -> None:
+        """One more request is assigned to ``conn_id`` in this dispatch."""
+        ...
+
+    def partitioned(self, conn_id: ConnId) -> bool:
+        """The connection is to the partitioned server."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Dispatch: fail ``request`` with ``error`` (it can go nowhere)."""
+
+    request: _Request
+    error: NSQError
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPool:
+    """Dispatch: open the pool's connections to ``address`` (a partition's leader)."""
+
+    address: tuple[str, int]
+
+
+#: what one dispatch decided, in order: a request (assigned: write it on ``request.conn_id``,
+#: to ``request.sent_partition``), a request to refuse, or a pool to open
+Step = _Request | Refuse | OpenPool
+
+
+class PublishQueue:
+    """The producer's requests, from ``publish`` to their answer: request ids and deadlines,
+    the queue in call order, the retries and their backoff, and the ordered partitions with a
+    request on the wire.
+
+    :meth:`assign` decides where queued requests go and returns its decisions; the producer
+    carries them out (encodes and writes, fails, opens connections), as httpcore's pool
+    assigns requests to connections and leaves the I/O to its caller."""
+
+    __slots__ = ("_last_deadline", "_max_attempts", "_next_id", "requests", "streams", "waiting")
+
+    def __init__(self, *, max_attempts: int) -> None:
+        self._max_attempts = max_attempts
+        #: queued requests, in call order (a retry goes back to its place)
+        self.waiting: deque[_Request] = deque()
+        #: requests not yet answered, oldest first (so by deadline: see add)
+        self.requests: dict[int, _Request] = {}
+        #: ordered partitions with a request on the wire: (topic, partition) -> request id
+        self.streams: dict[tuple[str, int], int] = {}
+        self._last_deadline = -math.inf
+        self._next_id = 1
+
+    def __len__(self) -> int:
+        """Requests not yet answered (queued or sent)."""
+        return len(self.requests)
+
+    def add(
+        self,
+        topic: str,
+        kind: _Kind,
+        bodies: list[bytes],
+        deadline: float,
+        *,
+        partition: int | None = None,
+        sharding_key: bytes | None = None,
+        trace_ids: list[int] | None = None,
+        delay: float = 0.0,
+        ext: bytes | None = None,
+        ext_traced: bool = False,
+    ) -> _Request:
+        """A new request, queued; it expires at ``deadline``, or with the one before it."""
+        rid = self._next_id
+        self._next_id += 1
+        # deadlines never decrease in the order requests are made (under a clock that goes
+        # back, one waits for the one before it): the first request is the next to expire
+        if deadline < self._last_deadline:
+            deadline = self._last_deadline
+        self._last_deadline = deadline
+        req = _Request(
+            rid,
+            topic,
+            kind,
+            bodies,
+            partition,
+            sharding_key,
+            trace_ids,
+            delay,
+            deadline,
+            ext,
+            ext_traced,
+        )
+        self.requests[rid] = req
+        self.waiting.append(req)
+        return req
+
+    def next_deadline(self) -> float | None:
+        """When the oldest request expires (no scan of every request)."""
+        if not self.requests:
+            return None
+        return next(iter(self.requests.values())).deadline
+
+    def expired(self, now: float) -> list[_Request]:
+        """The requests whose deadline is past at ``now``, oldest first."""
+        expired: list[_Request] = []
+        for req in self.requests.values():
+            if req.deadline > now:
+                break  # the rest expire later (see add)
+            expired.append(req)
+        return expired
+
+    def answered(self, req: _Request) -> None:
+        """nsqd acknowledged ``req``."""
+        if req.stream is not None:
+            self._release(req)
+        self.requests.pop(req.request_id, None)
+
+    def remove(self, req: _Request) -> None:
+        """``req`` fails: it is no longer waiting, sent or retried."""
+        self._release(req)
+        self.requests.pop(req.request_id, None)
+        with contextlib.suppress(ValueError):
+            self.waiting.remove(req)
+
+    def retry(self, req: _Request, error: NSQError, now: float) -> float | None:
+        """``req`` failed on its connection with ``error``: the time it may be sent again
+        (queued again in call order, after go-nsq's backoff of 8 ms + 10 ms * 2^n), or None
+        when it fails (nsqd refused it, its attempts are spent, or its deadline passed).  A
+        loss of the connection is retried, and so are the partitioned server's errors that
+        say the topology changed."""
+        self._release(req)
+        retryable = not isinstance(error, ServerError) or error.code in TOPOLOGY_CHANGED
+        if not (retryable and req.attempts < self._max_attempts and req.deadline > now):
+            return None
+        req.not_before = now + _RETRY_BASE + _RETRY_STEP * (1 << req.attempts)
+        waiting = self.waiting
+        rid = req.request_id
+        index = len(waiting)
+        while index and waiting[index - 1].request_id > rid:
+            index -= 1
+        waiting.insert(index, req)
+        return req.not_before
+
+    def _release(self, req: _Request) -> None:
+        stream = req.stream
+        if stream is not None:
+            req.stream = None
+            if self.streams.get(stream) == req.request_id:
+                del self.streams[stream]
+
+    def assign(self, now: float, routes: Routes, pool: Pool) -> list[Step]:
+        """Decide where the queued requests go now, in call order: each one that can go is
+        assigned to a connection of ``pool`` (its attempt counted) and taken off the queue;
+        the others stay queued, in order.  A request waits while its route is unknown, while
+        its retry backs off, while an earlier request of its ordered partition is on the wire
+        or waiting, and while no connection has room (a request for any connection then holds
+        back every later one: FIFO).  Returns the decisions, in order."""
+        waiting = self.waiting
+        streams = self.streams
+        steps: list[Step] = []
+        #: ordered partitions whose earliest queued request cannot go now: later ones wait
+        blocked: set[tuple[str, int]] = set()
+        skipped: list[_Request] = []
+        while waiting:
+            req = waiting.popleft()
+            try:
+                routed = routes.route(req)
+            except LocalProtocolError as exc:
+                steps.append(Refuse(req, exc))
+                continue
+            if routed is None:
+                skipped.append(req)
+                continue
+            address, partition = routed
+            stream = routes.stream(req, partition)
+            if stream is not None and (stream in blocked or stream in streams):
+                # one request on the wire per ordered partition: a refusal or a loss can then
+                # never let a later publish overtake an earlier one
+                skipped.append(req)
+                blocked.add(stream)
+                continue
+            if req.not_before > now:
+                skipped.append(req)  # backing off before a retry
+                if stream is not None:
+                    blocked.add(stream)
+                continue
+            conn_id = pool.pick(address)
+            if conn_id is None:
+                if address is not None:
+                    steps.append(OpenPool(address))
+                skipped.append(req)
+                if stream is not None:
+                    blocked.add(stream)
+                if address is None:
+                    break  # every connection is busy: keep FIFO order
+                continue
+            if req.kind is _Kind.DPUB and pool.partitioned(conn_id):
+                steps.append(Refuse(req, LocalProtocolError(_NO_DPUB)))
+                continue
+            pool.take(conn_id)
+            req.attempts += 1
+            req.conn_id = conn_id
+            req.sent_partition = partition
+            if stream is not None:
+                req.stream = stream
+                streams[stream] = req.request_id
+            steps.append(req)
+        waiting.extendleft(reversed(skipped))
+        return steps
+
+
+class _ConnectionPool:
+    """The producer's connections as the :class:`Pool` its queue assigns requests to."""
+
+    __slots__ = ("_cap", "_conns")
+
+    def __init__(self, conns: dict[ConnId, _PConn], cap: int) -> None:
+        self._conns = conns
+        self._cap = cap
+
+    def pick(self, address: tuple[str, int] | None) -> ConnId | None:
+        cap = self._cap
+        best: _PConn | None = None
+        best_load = 0
+        for rec in self._conns.values():
+            if address is not None and rec.address != address:
+                continue
+            load = len(rec.outstanding) + rec.assigned
+            if rec.conn.state is not ConnectionState.READY or load >= cap:
+                continue
+            if best is None or load < best_load:
+                best = rec
+                best_load = load
+        return None if best is None else best.conn_id
+
+    def take(self, conn_id: ConnId) -> None:
+        self._conns[conn_id].assigned += 1
+
+    def partitioned(self, conn_id: ConnId) -> bool:
+        features = self._conns[conn_id].conn.features
+        return features is not None and features.partitioned
 
 
 class Producer:
@@ -146,15 +518,10 @@ class Producer:
         )
         self._conn_config = cfg.connection_config()
         self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
-        self._queue: deque[_Request] = deque()
-        #: ordered partitions with a request on the wire: (topic, partition) -> request id
-        self._streams: dict[tuple[str, int], int] = {}
-        #: publishes not yet answered, oldest first (so by deadline: see publish)
-        self._requests: dict[int, _Request] = {}
-        self._last_deadline = -math.inf
-        self._routes: dict[str, _TopicRoute] = {}
+        self._queue = PublishQueue(max_attempts=cfg.max_publish_attempts)
+        self._pool = _ConnectionPool(self._conns, cfg.max_outstanding)
+        self._routes = Routes(lookupd=bool(lookupd), hasher=cfg.hasher)
         self._lookup_pending: set[str] = set()
-        self._next_request_id = 1
         self._closing = False
         self._last_error: NSQError | None = None
         #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately
@@ -185,11 +552,9 @@ class Producer:
         conns = self._table.next_deadline()
         if conns is not None and (deadline is None or conns < deadline):
             deadline = conns
-        if self._requests:
-            # the oldest request expires first (see publish): no scan of every request
-            first = next(iter(self._requests.values())).deadline
-            if deadline is None or first < deadline:
-                deadline = first
+        first = self._queue.next_deadline()
+        if first is not None and (deadline is None or first < deadline):
+            deadline = first
         return deadline
 
     def handle_timer(self, now: float) -> None:
@@ -207,20 +572,15 @@ class Producer:
                 assert isinstance(arg, str)
                 self._lookup(arg)
             # TimerKind.RETRY: a backoff is over; the dispatch below sends it
-        expired: list[_Request] = []
-        for req in self._requests.values():
-            if req.deadline > now:
-                break  # the rest expire later (see publish)
-            expired.append(req)
-        for req in expired:
+        for req in self._queue.expired(now):
             lookup_error = self._lookup_errors.get(req.topic)
-            if lookup_error is not None and req.topic not in self._routes:
+            if lookup_error is not None and not self._routes.known(req.topic):
                 why = f" (no route: {lookup_error})"
             elif self._last_error:
                 why = f" (last connection error: {self._last_error})"
             else:
                 why = ""
-            self._fail(
+            self._fail_request(
                 req, PublishTimeout(f"publish {req.request_id} not acknowledged in time{why}")
             )
         self._dispatch()
@@ -301,9 +661,7 @@ class Producer:
             if type(item) is PublishSucceeded:
                 req = rec.outstanding.pop(item.request_id, None)
                 if req is not None:
-                    if req.stream is not None:
-                        self._release(req)
-                    self._requests.pop(req.request_id, None)
+                    self._queue.answered(req)
                     out.append(PublishSucceeded(rec.conn_id, req.request_id, item.receipt))
             elif type(item) is PublishFailed:
                 req = rec.outstanding.pop(item.request_id, None)
@@ -335,24 +693,16 @@ class Producer:
         rec.outstanding.clear()
         if self._closing:
             return
-        if rec.address in self._nsqd or self._wanted_address(rec.address):
+        if rec.address in self._nsqd or self._routes.wanted(rec.address):
             target = (rec.address, rec.slot)
             self._timers.set((TimerKind.RECONNECT, target), now + self._reconnects.delay(target))
 
-    def _wanted_address(self, address: tuple[str, int]) -> bool:
-        return any(address in r.partitions.values() for r in self._routes.values())
-
     def _partitioned(self, topic: str) -> bool:
         """Known to be served by the partitioned server (its lookup, or a connection)."""
-        route = self._routes.get(topic)
-        if route is not None and route.partitions:
+        if self._routes.partitioned(topic):
             return True
-        return any(self._is_partitioned(rec) for rec in self._conns.values())
-
-    @staticmethod
-    def _is_partitioned(rec: _PConn) -> bool:
-        features = rec.conn.features
-        return features is not None and features.partitioned
+        pool = self._pool
+        return any(pool.partitioned(conn_id) for conn_id in self._conns)
 
     def _broken(self) -> NSQError | None:
         """A permanent failure, when every place a request could go has one; or, when every
@@ -364,8 +714,7 @@ class Producer:
             return None
         slots = range(self.config.pool_size)
         keys = {(a, slot) for a in self._nsqd for slot in slots}
-        for route in self._routes.values():
-            keys.update((a, slot) for a in route.partitions.values() for slot in slots)
+        keys.update((a, slot) for a in self._routes.leaders() for slot in slots)
         keys.update(self._slots)
         if not keys:
             return None
@@ -392,43 +741,19 @@ class Producer:
         return failure
 
     def _failed_on_connection(self, req: _Request, error: NSQError) -> None:
-        self._release(req)
-        retryable = not isinstance(error, ServerError) or error.code in TOPOLOGY_CHANGED
+        """``req`` failed on its connection: retried after a backoff, or failed."""
         if isinstance(error, ServerError) and error.code in TOPOLOGY_CHANGED:
             self._invalidate_route(req.topic)
-        if (
-            retryable
-            and req.attempts < self.config.max_publish_attempts
-            and req.deadline > self._now
-        ):
-            self._retry_later(req)
-            return
-        self._fail(req, error)
+        retry_at = self._queue.retry(req, error, self._now)
+        if retry_at is None:
+            self._fail_request(req, error)
+        else:
+            self._timers.set((TimerKind.RETRY, req.request_id), retry_at)
 
-    def _retry_later(self, req: _Request) -> None:
-        """Queue ``req`` again in call order, after go-nsq's backoff (8 ms + 10 ms * 2^n)."""
-        req.not_before = self._now + _RETRY_BASE + _RETRY_STEP * (1 << req.attempts)
-        self._timers.set((TimerKind.RETRY, req.request_id), req.not_before)
-        queue = self._queue
-        rid = req.request_id
-        index = len(queue)
-        while index and queue[index - 1].request_id > rid:
-            index -= 1
-        queue.insert(index, req)
-
-    def _release(self, req: _Request) -> None:
-        stream = req.stream
-        if stream is not None:
-            req.stream = None
-            if self._streams.get(stream) == req.request_id:
-                del self._streams[stream]
-
-    def _fail(self, req: _Request, error: NSQError) -> None:
-        self._release(req)
+    def _fail_request(self, req: _Request, error: NSQError) -> None:
+        """``req`` fails with ``error`` (a :class:`PublishFailed` event)."""
+        self._queue.remove(req)
         self._timers.cancel((TimerKind.RETRY, req.request_id))
-        self._requests.pop(req.request_id, None)
-        with contextlib.suppress(ValueError):
-            self._queue.remove(req)
         for rec in self._conns.values():
             for rid, r in list(rec.outstanding.items()):
                 if r is req:
@@ -440,7 +765,7 @@ class Producer:
     def _new_request(
         self,
         topic: str,
-        kind: str,
+        kind: _Kind,
         bodies: list[bytes],
         now: float,
         *,
@@ -475,33 +800,22 @@ class Producer:
             raise LocalProtocolError("a sharding key needs lookupd (to learn the partition count)")
         if delay < 0:
             raise LocalProtocolError("delay cannot be negative")
-        rid = self._next_request_id
-        self._next_request_id += 1
-        # deadlines never decrease in the order requests are made (under a clock that goes
-        # back, one waits for the one before it): the first request is the next to expire
-        deadline = now + self.config.publish_timeout
-        if deadline < self._last_deadline:
-            deadline = self._last_deadline
-        self._last_deadline = deadline
-        req = _Request(
-            rid,
+        req = self._queue.add(
             topic,
             kind,
             bodies,
-            partition,
-            sharding_key,
-            trace_ids,
-            delay,
-            deadline,
-            ext,
-            ext_traced,
+            now + self.config.publish_timeout,
+            partition=partition,
+            sharding_key=sharding_key,
+            trace_ids=trace_ids,
+            delay=delay,
+            ext=ext,
+            ext_traced=ext_traced,
         )
-        self._requests[rid] = req
-        self._queue.append(req)
-        if self._lookupd.addresses and topic not in self._routes:
+        if self._lookupd.addresses and not self._routes.known(topic):
             self._lookup(topic)
         self._dispatch()
-        return rid
+        return req.request_id
 
     def publish(
         self,
@@ -531,8 +845,8 @@ class Producer:
             header = cmd.encode_ext_header(fields)
             # decided by the header's keys, never by its text (a value may read "##trace_id")
             ext_traced = "##trace_id" in fields
-        kind = _DPUB if delay is not None else _PUB
-        if kind == _DPUB and self._partitioned(topic):
+        kind = _Kind.DPUB if delay is not None else _Kind.PUB
+        if kind is _Kind.DPUB and self._partitioned(topic):
             raise LocalProtocolError(_NO_DPUB)
         return self._new_request(
             topic,
@@ -570,7 +884,7 @@ class Producer:
             cmd.mpub_trace("t", [(t, b"x") for t in traces])
         return self._new_request(
             topic,
-            _MPUB,
+            _Kind.MPUB,
             items,
             now,
             partition=partition,
@@ -581,13 +895,14 @@ class Producer:
 
     def _encode(self, req: _Request, partition: int | None) -> tuple[bytes, bool]:
         traced = req.trace_ids is not None
-        if req.kind == _DPUB:
+        kind = req.kind
+        if kind is _Kind.DPUB:
             return cmd.dpub(req.topic, round(req.delay * 1000), req.bodies[0]), False
         if req.ext is not None:
-            if req.kind == _PUB:
+            if kind is _Kind.PUB:
                 return cmd.pub_ext(req.topic, req.bodies[0], req.ext, partition), req.ext_traced
             return cmd.mpub_ext(req.topic, [(req.ext, b) for b in req.bodies], partition), False
-        if req.kind == _PUB:
+        if kind is _Kind.PUB:
             if req.trace_ids is not None:
                 return cmd.pub_trace(req.topic, req.trace_ids[0], req.bodies[0], partition), True
             return cmd.pub_unchecked(req.topic, req.bodies[0], partition), False
@@ -597,131 +912,31 @@ class Producer:
             ), True
         return cmd.mpub_unchecked(req.topic, req.bodies, partition), traced
 
-    def _route(self, req: _Request) -> tuple[tuple[str, int] | None, int | None] | None:
-        """Where a request goes: (address or None for any, partition); None: not yet known.
-        Raises LocalProtocolError where it can go nowhere."""
-        if not self._lookupd.addresses:
-            return None, req.partition
-        route = self._routes.get(req.topic)
-        if route is None:
-            return None
-        if not route.partitions:
-            return None, req.partition  # standard server behind lookupd: any of our nsqd
-        if req.sharding_key is not None:
-            if route.partition_num <= 0:
-                raise LocalProtocolError(
-                    f"lookupd gave no partition count (meta.partition_num) for topic "
-                    f"{req.topic!r}: a sharding key cannot be mapped to a partition"
-                )
-            num = route.partition_num
-            cached = req.hashed
-            if cached is None or cached[0] != num:
-                cached = req.hashed = (
-                    num,
-                    partition_for_key(req.sharding_key, num, self.config.hasher),
-                )
-            pid = cached[1]
-        elif req.partition is not None:
-            pid = req.partition
-        else:
-            pids = sorted(route.partitions)
-            pid = pids[route.next_rr % len(pids)]
-            route.next_rr += 1
-        address = route.partitions.get(pid)
-        if address is None:
-            num = route.partition_num
-            if num and not 0 <= pid < num:
-                raise LocalProtocolError(
-                    f"topic {req.topic!r} has {num} partitions (0..{num - 1}): no partition {pid}"
-                )
-            return None
-        return address, pid
-
-    def _pick(self, address: tuple[str, int] | None) -> _PConn | None:
-        cap = self.config.max_outstanding
-        best: _PConn | None = None
-        for rec in self._conns.values():
-            if address is not None and rec.address != address:
-                continue
-            if rec.conn.state is not _S.READY or len(rec.outstanding) >= cap:
-                continue
-            if best is None or len(rec.outstanding) < len(best.outstanding):
-                best = rec
-        return best
-
     def _dispatch(self) -> None:
+        """Send what can go now: the queue decides, then every decision is carried out here,
+        in order (the only place a publish is written)."""
         queue = self._queue
-        if queue and (self._permanent or self._unreachable):
+        if not queue.waiting:
+            return
+        if self._permanent or self._unreachable:
             broken = self._broken()
             if broken is not None:
                 # no retry will get through: fail now, with the cause, not at the deadline
-                for req in list(queue):
-                    self._fail(req, fresh_copy(broken))
+                for req in list(queue.waiting):
+                    self._fail_request(req, fresh_copy(broken))
                 return
-        now = self._now
-        streams = self._streams
-        #: ordered partitions whose earliest queued request cannot go now: later ones wait
-        blocked: set[tuple[str, int]] = set()
-        skipped: list[_Request] = []
-        while queue:
-            req = queue.popleft()
-            try:
-                routed = self._route(req)
-            except LocalProtocolError as exc:
-                self._fail(req, exc)
-                continue
-            if routed is None:
-                skipped.append(req)
-                continue
-            address, partition = routed
-            stream = self._stream(req, partition)
-            if stream is not None and (stream in blocked or stream in streams):
-                # one request on the wire per ordered partition: a refusal or a loss can then
-                # never let a later publish overtake an earlier one
-                skipped.append(req)
-                blocked.add(stream)
-                continue
-            if req.not_before > now:
-                skipped.append(req)  # backing off before a retry
-                if stream is not None:
-                    blocked.add(stream)
-                continue
-            rec = self._pick(address)
-            if rec is None:
-                if address is not None:
-                    for slot in range(self.config.pool_size):
-                        self._open(address, slot)
-                skipped.append(req)
-                if stream is not None:
-                    blocked.add(stream)
-                if address is None:
-                    break  # every connection is busy: keep FIFO order
-                continue
-            if req.kind == _DPUB and self._is_partitioned(rec):
-                self._fail(req, LocalProtocolError(_NO_DPUB))
-                continue
-            data, traced = self._encode(req, partition)
-            req.attempts += 1
-            req.conn_id = rec.conn_id
-            crid = rec.conn.publish_encoded(data, traced=traced)
-            rec.outstanding[crid] = req
-            if stream is not None:
-                req.stream = stream
-                streams[stream] = req.request_id
-        queue.extendleft(reversed(skipped))
-
-    def _stream(self, req: _Request, partition: int | None) -> tuple[str, int] | None:
-        """The ordered partition ``req`` belongs to: a publish with a sharding key, or to a
-        partition of an ordered topic; None where call order is not promised."""
-        if partition is None:
-            return None
-        if req.sharding_key is None and req.partition is None:
-            return None
-        if req.sharding_key is None:
-            route = self._routes.get(req.topic)
-            if route is None or not route.ordered:
-                return None
-        return (req.topic, partition)
+        conns = self._conns
+        for step in queue.assign(self._now, self._routes, self._pool):
+            if type(step) is _Request:
+                rec = conns[step.conn_id]
+                rec.assigned -= 1
+                data, traced = self._encode(step, step.sent_partition)
+                rec.outstanding[rec.conn.publish_encoded(data, traced=traced)] = step
+            elif isinstance(step, Refuse):
+                self._fail_request(step.request, step.error)
+            elif isinstance(step, OpenPool):
+                for slot in range(self.config.pool_size):
+                    self._open(step.address, slot)
 
     # ------------------------------------------------------------------ partitioned lookup
 
@@ -738,13 +953,13 @@ class Producer:
             self._refusals[topic] = self._refusals.get(topic, 0) + 1
         if not self._lookupd.looking_up(topic):
             self._lookup_pending.discard(topic)
-            if self._refusals.get(topic, 0) >= 2 and topic not in self._routes:
+            if self._refusals.get(topic, 0) >= 2 and not self._routes.known(topic):
                 # lookupd said no twice (e.g. "Topic has no channel, should init at least one
                 # for the new topic"): the waiting publishes fail now, with its answer
-                for req in [r for r in self._queue if r.topic == topic]:
+                for req in [r for r in self._queue.waiting if r.topic == topic]:
                     failure = LookupdError(f"no route to topic {topic!r}: {error}")
                     failure.__cause__ = error
-                    self._fail(req, failure)
+                    self._fail_request(req, failure)
                 self._refusals.pop(topic, None)
             # try again a little later; other waiting requests time out on their deadline
             self._timers.set((TimerKind.LOOKUPD_POLL, topic), self._now + 1.0)
@@ -754,25 +969,17 @@ class Producer:
         self._lookup_errors.pop(topic, None)
         if not self._lookupd.looking_up(topic):
             self._lookup_pending.discard(topic)
-        meta = result.meta
-        partitions = {pid: p.address for pid, p in result.partitions.items()}
-        old = self._routes.get(topic)
-        if old is not None and old.partitions and not partitions:
+        leaders = self._routes.apply(topic, result)
+        if leaders is None:
             return  # keep what we know until an answer says something useful
-        # no count from lookupd: 0, never the number of partitions listed (one may be missing)
-        num = meta.partition_num if meta is not None and meta.partition_num > 0 else 0
-        route = _TopicRoute(num, partitions, bool(meta and meta.ordered))
-        if old is not None:
-            route.next_rr = old.next_rr
-        self._routes[topic] = route
-        if not partitions and not self._nsqd:
+        if not leaders and not self._nsqd:
             # standard nsqd behind lookupd: publish to the nsqd it lists
             for producer in result.producers:
                 if producer.address not in self._nsqd:
                     self._nsqd.append(producer.address)
                     for slot in range(self.config.pool_size):
                         self._open(producer.address, slot)
-        for address in sorted(set(partitions.values())):
+        for address in leaders:
             for slot in range(self.config.pool_size):
                 self._open(address, slot)
         self._timers.set(
@@ -780,7 +987,7 @@ class Producer:
         )
 
     def _invalidate_route(self, topic: str) -> None:
-        self._routes.pop(topic, None)
+        self._routes.forget(topic)
         if self._lookupd.addresses:
             self._lookup(topic)
 
@@ -791,21 +998,21 @@ class Producer:
         self._now = now
         self._closing = True
         self._timers.clear()
-        for req in list(self._queue):
-            self._fail(req, ConnectionClosedError("producer closed"))
+        for req in list(self._queue.waiting):
+            self._fail_request(req, ConnectionClosedError("producer closed"))
         for rec in list(self._conns.values()):
             rec.conn.close("producer closed")
             self._drain(rec, self._now)
         # what was sent and not answered is put back for a retry by the connection's loss:
         # no retry comes after close, so it fails now (not at publish_timeout)
-        for req in list(self._requests.values()):
-            self._fail(req, ConnectionClosedError("producer closed"))
+        for req in list(self._queue.requests.values()):
+            self._fail_request(req, ConnectionClosedError("producer closed"))
         self._timers.clear()
 
     @property
     def pending(self) -> int:
         """Requests not yet answered (queued or sent)."""
-        return len(self._requests)
+        return len(self._queue)
 
     def connections(self) -> list[tuple[ConnId, tuple[str, int], str, int]]:
         return [
