@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Iterable, Sequence
+from enum import Enum
 from typing import Final
 
 from . import commands as cmd
@@ -93,7 +94,6 @@ PARTITIONED_PUBLISH_ERRORS: Final = frozenset(
     }
 )
 
-_S = ConnectionState
 #: the text of a RemoteProtocolError raised for data no check of ours refused
 UNREADABLE: Final = "unreadable data from nsqd"
 #: a frame's ``size:i32 | frame_type:i32``, and the same with a message's
@@ -103,14 +103,27 @@ _MESSAGE_FRAME_HEADER: Final = struct.Struct(">iiqH")
 _MESSAGE: Final = 2
 _ERROR: Final = 1
 
-# kinds of requests that wait for a response frame, in FIFO order
-_SUB: Final = 0
-_PUB: Final = 1
-_TRACE: Final = 2
-_CLS: Final = 3
-#: MPUB_EXT: the server stops reading the batch at a refused message, leaving the rest unread
-_MPUB_EXT: Final = 4
-_PUBLISHES: Final = (_PUB, _TRACE, _MPUB_EXT)
+
+class _Awaiting(Enum):
+    """What a command sent waits for: the kinds of the requests answered in FIFO order."""
+
+    # members are singletons: identity hashing is exact and much cheaper than Enum's
+    __hash__ = object.__hash__
+
+    #: SUB: OK
+    SUB = "SUB"
+    #: PUB, MPUB, DPUB, PUB_EXT: OK
+    PUB = "PUB"
+    #: PUB_TRACE, MPUB_TRACE: a trace receipt
+    TRACE = "TRACE"
+    #: CLS: CLOSE_WAIT
+    CLS = "CLS"
+    #: MPUB_EXT: OK; the server stops reading the batch at a refused message, leaving the
+    #: rest unread
+    MPUB_EXT = "MPUB_EXT"
+
+
+_PUBLISHES: Final = (_Awaiting.PUB, _Awaiting.TRACE, _Awaiting.MPUB_EXT)
 
 
 def parse_error_frame(data: bytes) -> tuple[str, str]:
@@ -141,7 +154,7 @@ class Connection:
         #: the nsqd it connects to, named in errors (None: unknown)
         self.address = address
         #: changed only by :meth:`_move`, through the table of ``_state.py``
-        self.state = _S.INIT
+        self.state = ConnectionState.INIT
         self.features: NegotiatedFeatures | None = None
         self.auth: AuthResult | None = None
         self.layout: MessageLayout = STANDARD_LAYOUT
@@ -149,8 +162,10 @@ class Connection:
         self._codec: Codec | None = None
         self._outputs: deque[Output] = deque()
         self._wbuf = bytearray()
-        self._pending: deque[tuple[int, int]] = deque()
-        self._next_request_id = 1
+        #: (what it waits for, its publish id: 0 for SUB and CLS), in the order sent
+        self._pending: deque[tuple[_Awaiting, int]] = deque()
+        #: the id of the next publish (its own numbering: see :meth:`publish`)
+        self._next_publish_id = 1
         self._read_deadline: float | None = None
         self._handshake_deadline: float | None = None
         self._switched: bytes | None = None
@@ -208,9 +223,9 @@ class Connection:
     def handle_timer(self, now: float) -> None:
         """Fire what is due at ``now``; calling early does nothing."""
         handshake = self._handshake_deadline
-        if handshake is not None and now >= handshake and self.state is not _S.CLOSED:
+        if handshake is not None and now >= handshake and self.state is not ConnectionState.CLOSED:
             limit = self.config.handshake_timeout
-            self._fail(
+            self._end_on_error(
                 HandshakeTimeout(
                     f"nsqd did not complete the handshake within {limit} s "
                     f"(stuck in {self.state.value})"
@@ -219,9 +234,11 @@ class Connection:
             )
             return
         deadline = self._read_deadline
-        if deadline is not None and now >= deadline and self.state is not _S.CLOSED:
+        if deadline is not None and now >= deadline and self.state is not ConnectionState.CLOSED:
             timeout = self.config.effective_read_timeout
-            self._fail(ReadTimeout(f"nothing received from nsqd for {timeout} s"), "read timeout")
+            self._end_on_error(
+                ReadTimeout(f"nothing received from nsqd for {timeout} s"), "read timeout"
+            )
 
     def _touch_read_deadline(self, now: float) -> None:
         rt = self.config.effective_read_timeout
@@ -231,7 +248,7 @@ class Connection:
 
     def connection_made(self, now: float) -> None:
         """The TCP connection is up: queue the magic and IDENTIFY."""
-        if self.state is not _S.INIT:
+        if self.state is not ConnectionState.INIT:
             raise LocalProtocolError(f"connection_made in state {self.state.value}")
         self._send(cmd.MAGIC_V2 + cmd.identify(self.config.identify_body()))
         self._move(Trigger.CONNECTED)
@@ -240,30 +257,30 @@ class Connection:
 
     def tls_established(self, now: float) -> None:
         """The adapter finished the TLS handshake asked for by :class:`StartTLS`."""
-        if self.state is not _S.TLS_HANDSHAKE:
+        if self.state is not ConnectionState.TLS_HANDSHAKE:
             raise LocalProtocolError(f"tls_established in state {self.state.value}")
         self._move(Trigger.TLS_ESTABLISHED)
         self._touch_read_deadline(now)
 
     def connection_lost(self, now: float, error: BaseException | None = None) -> None:
         """The transport closed (EOF or error)."""
-        if self.state is _S.CLOSED:
+        if self.state is ConnectionState.CLOSED:
             return
-        if error is None and self.state is _S.CLOSE_WAIT and not self._pending:
-            self._finish("closed by nsqd after CLOSE_WAIT", None, send_close=False)
+        if error is None and self.state is ConnectionState.CLOSE_WAIT and not self._pending:
+            self._end("closed by nsqd after CLOSE_WAIT", None, send_close=False)
             return
         reason = "connection lost" if error is None else f"connection lost: {error}"
         exc = ConnectionClosedError(reason)
         if error is not None:
             exc.__cause__ = error
-        self._finish(reason, exc, send_close=False)
+        self._end(reason, exc, send_close=False)
 
     def receive_data(self, data: bytes, now: float) -> None:
         """Bytes read from the transport (after TLS, before decompression)."""
         state = self.state
-        if state is _S.CLOSED:
+        if state is ConnectionState.CLOSED:
             return
-        if state is _S.INIT or state is _S.TLS_HANDSHAKE:
+        if state is ConnectionState.INIT or state is ConnectionState.TLS_HANDSHAKE:
             raise LocalProtocolError(f"receive_data in state {state.value}")
         rt = self.config.effective_read_timeout
         self._read_deadline = None if rt is None else now + rt
@@ -273,7 +290,7 @@ class Connection:
             self._process(data)
         except RemoteProtocolError as exc:
             error = self._named(exc)
-            self._fail(error, f"protocol error: {error}")
+            self._end_on_error(error, f"protocol error: {error}")
             if error is exc:
                 raise
             raise error from None
@@ -282,7 +299,7 @@ class Connection:
         except Exception as exc:
             # a parser that missed a check must still fail this connection only, typed
             error = RemoteProtocolError(f"{UNREADABLE}: {type(exc).__name__}: {exc}")
-            self._fail(error, f"protocol error: {error}")
+            self._end_on_error(error, f"protocol error: {error}")
             raise error from exc
 
     def _named(self, error: RemoteProtocolError) -> RemoteProtocolError:
@@ -306,7 +323,7 @@ class Connection:
             if not frames:
                 return
             self._handshake_frame(*frames[0])
-            if self.state is _S.TLS_HANDSHAKE or self.state is _S.CLOSED:
+            if self.state is ConnectionState.TLS_HANDSHAKE or self.state is ConnectionState.CLOSED:
                 return
             switched = self._switched
             if switched is not None:
@@ -371,7 +388,7 @@ class Connection:
                 outputs.append(MessageReceived(conn_id, message))
             elif frame_type == _ERROR:
                 self._error_frame(buf[pos + 8 : end])
-                if self.state is _S.CLOSED:
+                if self.state is ConnectionState.CLOSED:
                     return -1
                 receiving = self.state in CAN_RECEIVE_MESSAGES
             else:
@@ -389,7 +406,7 @@ class Connection:
             self._heartbeat()
             return
         state = self.state
-        if state is _S.IDENTIFYING:
+        if state is ConnectionState.IDENTIFYING:
             features = parse_identify_response(payload)
             self._check_features(features)
             self.features = features
@@ -398,19 +415,19 @@ class Connection:
                 self._emit(StartTLS(self.conn_id, self._decoder.take_buffered()))
                 return
             self._start_compression()
-        elif state is _S.TLS_RESPONSE:
+        elif state is ConnectionState.TLS_RESPONSE:
             if payload != OK:
                 raise RemoteProtocolError(
                     f"expected OK after the TLS handshake, got {payload[:40]!r}"
                 )
             self._start_compression()
-        elif state is _S.COMPRESSION_RESPONSE:
+        elif state is ConnectionState.COMPRESSION_RESPONSE:
             if payload != OK:
                 raise RemoteProtocolError(
                     f"expected OK after switching on compression, got {payload[:40]!r}"
                 )
             self._after_upgrades()
-        elif state is _S.AUTHENTICATING:
+        elif state is ConnectionState.AUTHENTICATING:
             self.auth = parse_auth_response(payload)
             self._ready()
 
@@ -446,7 +463,7 @@ class Connection:
         if features.auth_required:
             secret = self.config.auth_secret
             if not secret:
-                self._fail(
+                self._end_on_error(
                     AuthRequired("nsqd requires AUTH and no auth secret is configured"),
                     "auth required",
                 )
@@ -476,18 +493,18 @@ class Connection:
         if not self._pending:
             raise RemoteProtocolError(f"unexpected response frame {payload[:40]!r}")
         kind, request_id = self._pending.popleft()
-        if kind in (_PUB, _MPUB_EXT):
+        if kind is _Awaiting.PUB or kind is _Awaiting.MPUB_EXT:
             if payload != OK:
                 raise RemoteProtocolError(f"expected OK to a publish, got {payload[:40]!r}")
             self._emit(PublishSucceeded(self.conn_id, request_id))
-        elif kind == _TRACE:
+        elif kind is _Awaiting.TRACE:
             self._emit(PublishSucceeded(self.conn_id, request_id, parse_trace_receipt(payload)))
-        elif kind == _SUB:
+        elif kind is _Awaiting.SUB:
             if payload != OK:
                 raise RemoteProtocolError(f"expected OK to SUB, got {payload[:40]!r}")
             self._move(Trigger.SUB_ANSWERED)  # SUBSCRIBED; stays CLOSING if CLS went first
             self._emit(Subscribed(self.conn_id))
-        else:  # _CLS
+        else:  # _Awaiting.CLS
             if payload != CLOSE_WAIT:
                 raise RemoteProtocolError(f"expected CLOSE_WAIT to CLS, got {payload[:40]!r}")
             self._move(Trigger.CLOSE_WAIT_RECEIVED)
@@ -510,8 +527,8 @@ class Connection:
             kind, request_id = pending.popleft()
             self._emit(ErrorReceived(self.conn_id, code, text, False))
             self._emit(PublishFailed(self.conn_id, request_id, ServerError(code, text, False)))
-            if kind == _MPUB_EXT:
-                self._fail(
+            if kind is _Awaiting.MPUB_EXT:
+                self._end_on_error(
                     RemoteProtocolError(
                         f"nsqd left the rest of a refused MPUB_EXT unread ({code})"
                     ),
@@ -519,17 +536,20 @@ class Connection:
                 )
             return
         self._emit(ErrorReceived(self.conn_id, code, text, True))
-        self._fail(ServerError(code, text, True), f"nsqd error {code}")
+        self._end_on_error(ServerError(code, text, True), f"nsqd error {code}")
 
     # ------------------------------------------------------------------ closing
 
-    def _fail(self, error: NSQError, reason: str) -> None:
-        if self.state is _S.CLOSED:
+    def _end_on_error(self, error: NSQError, reason: str) -> None:
+        """End the connection because of ``error`` (Close, then ConnectionClosed)."""
+        if self.state is ConnectionState.CLOSED:
             return
-        self._finish(reason, error, send_close=True)
+        self._end(reason, error, send_close=True)
 
-    def _finish(self, reason: str, error: NSQError | None, *, send_close: bool) -> None:
-        after_close_wait = self.state is _S.CLOSE_WAIT and error is None
+    def _end(self, reason: str, error: NSQError | None, *, send_close: bool) -> None:
+        """The connection is over: pending publishes fail, ``Close`` (when ``send_close``)
+        and ``ConnectionClosed`` are emitted."""
+        after_close_wait = self.state is ConnectionState.CLOSE_WAIT and error is None
         self._move(Trigger.ENDED)
         self._read_deadline = None
         self._handshake_deadline = None
@@ -552,17 +572,12 @@ class Connection:
 
     def close(self, reason: str = "closed by the application") -> None:
         """Close now, without CLS.  Pending publishes fail with ConnectionClosedError."""
-        if self.state is _S.CLOSED:
+        if self.state is ConnectionState.CLOSED:
             return
         self._flush()  # commands already issued (FIN, ...) still go out before the close
-        self._finish(reason, None, send_close=True)
+        self._end(reason, None, send_close=True)
 
     # ------------------------------------------------------------------ commands
-
-    def _request_id(self) -> int:
-        rid = self._next_request_id
-        self._next_request_id = rid + 1
-        return rid
 
     def subscribe(
         self,
@@ -589,7 +604,7 @@ class Connection:
                 queue_position=ordered,
             )
         self._send(data)
-        self._pending.append((_SUB, 0))
+        self._pending.append((_Awaiting.SUB, 0))
         self._move(Trigger.SUB_SENT)
 
     def rdy(self, count: int) -> None:
@@ -641,18 +656,20 @@ class Connection:
         """Send CLS: nsqd stops sending messages and answers CLOSE_WAIT."""
         check_command(self.state, Command.CLS)
         self._send(cmd.CLS)
-        self._pending.append((_CLS, 0))
+        self._pending.append((_Awaiting.CLS, 0))
         self._move(Trigger.CLS_SENT)
 
-    def _publish(self, data: bytes, kind: int = _PUB) -> int:
+    def _publish(self, data: bytes, kind: _Awaiting = _Awaiting.PUB) -> int:
         check_command(self.state, Command.PUB)
-        rid = self._request_id()
+        rid = self._next_publish_id
+        self._next_publish_id = rid + 1
         self._send(data)
         self._pending.append((kind, rid))
         return rid
 
     def publish(self, topic: str, body: bytes, partition: int | None = None) -> int:
-        """PUB; returns the request id that the PublishSucceeded/PublishFailed event carries."""
+        """PUB; returns the connection's publish id (numbered from 1 on each connection), which
+        the PublishSucceeded/PublishFailed event carries as its ``request_id``."""
         return self._publish(cmd.pub(topic, body, partition))
 
     def publish_many(
@@ -671,19 +688,20 @@ class Connection:
         self, topic: str, body: bytes, trace_id: int, partition: int | None = None
     ) -> int:
         """PUB_TRACE (partitioned server); PublishSucceeded carries the TraceReceipt."""
-        return self._publish(cmd.pub_trace(topic, trace_id, body, partition), _TRACE)
+        return self._publish(cmd.pub_trace(topic, trace_id, body, partition), _Awaiting.TRACE)
 
     def publish_many_traced(
         self, topic: str, items: Iterable[tuple[int, bytes]], partition: int | None = None
     ) -> int:
-        return self._publish(cmd.mpub_trace(topic, items, partition), _TRACE)
+        return self._publish(cmd.mpub_trace(topic, items, partition), _Awaiting.TRACE)
 
     def publish_encoded(self, data: bytes, *, traced: bool = False) -> int:
         """Send publish-command bytes built with :mod:`nsq_proto.commands` (PUB, MPUB, DPUB or,
         with ``traced``, PUB_TRACE/MPUB_TRACE whose answer is a TraceReceipt)."""
         if traced:
-            return self._publish(data, _TRACE)
-        return self._publish(data, _MPUB_EXT if data.startswith(b"MPUB_EXT ") else _PUB)
+            return self._publish(data, _Awaiting.TRACE)
+        kind = _Awaiting.MPUB_EXT if data.startswith(b"MPUB_EXT ") else _Awaiting.PUB
+        return self._publish(data, kind)
 
     @property
     def pending_requests(self) -> int:

@@ -58,8 +58,6 @@ from ._timers import TimerKind, Timers
 
 __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 
-_S = ConnectionState
-
 #: the longest a consumer that can answer nothing more (cancelled) waits for nsqd to confirm
 #: its CLS, requeueing what still arrives, before it closes its connections anyway
 REQUEUE_GRACE: Final = 1.0
@@ -384,24 +382,22 @@ class Consumer:
         self._extend_support = bool(meta and meta.extend_support)
         wanted = self.config.partitions
         partition_addresses = set()
-        for pid, producer in sorted(result.partitions.items()):
-            partition_addresses.add(producer.key)
+        for pid, peer in sorted(result.partitions.items()):
+            partition_addresses.add(peer.key)
             if wanted is not None and pid not in wanted:
                 continue
-            keys.append(f"{producer.key}-{pid}")
+            keys.append(f"{peer.key}-{pid}")
             if self._seeks.get(pid) != "done" and self.config.start_position(pid) is not None:
-                self._seek(producer, pid)  # connects once the position is set
+                self._seek(peer, pid)  # connects once the position is set
                 continue
-            self._connect(
-                producer.address, pid, now, extend_support=bool(meta and meta.extend_support)
-            )
-        for producer in result.producers:
-            if producer.key in partition_addresses:
+            self._connect(peer.address, pid, now, extend_support=bool(meta and meta.extend_support))
+        for peer in result.producers:
+            if peer.key in partition_addresses:
                 continue
             if wanted is not None:
                 continue  # partition-pinned consumers skip nodes without partitions
-            keys.append(producer.key)
-            self._connect(producer.address, None, now)
+            keys.append(peer.key)
+            self._connect(peer.address, None, now)
         if keys or self._by_key:
             self._empty_lookups = 0
         elif (TimerKind.LOOKUPD_RECHECK, None) not in self._timers:
@@ -421,7 +417,7 @@ class Consumer:
 
     # ------------------------------------------------------------------ start positions
 
-    def _seek(self, producer: Peer, partition: int, *, create: bool = False) -> None:
+    def _seek(self, peer: Peer, partition: int, *, create: bool = False) -> None:
         """``POST /channel/setoffset`` (after ``/channel/create`` when ``create``) on the
         partition's leader; one call per partition at a time."""
         if self._seeks.get(partition) == "busy" and not create:
@@ -429,7 +425,7 @@ class Consumer:
         position = self.config.start_position(partition)
         assert position is not None
         self._seeks[partition] = "busy"
-        address = (producer.address[0], producer.http_port)
+        address = (peer.address[0], peer.http_port)
         query: dict[str, str | int] = {
             "topic": self.topic,
             "partition": partition,
@@ -441,23 +437,23 @@ class Consumer:
             rid = self._lookupd.post(
                 address, "/channel/setoffset", query, position.token(), self._now
             )
-        self._seek_calls[rid] = _SeekCall(producer, partition, create)
+        self._seek_calls[rid] = _SeekCall(peer, partition, create)
 
     def _on_seek_answer(self, seek: _SeekCall, status: int, body: bytes, now: float) -> None:
-        producer, partition, created = seek.peer, seek.partition, seek.create
+        peer, partition, created = seek.peer, seek.partition, seek.create
         if status == 200:
             if created:
                 del self._seeks[partition]
-                self._seek(producer, partition)  # the channel exists now: set its position
+                self._seek(peer, partition)  # the channel exists now: set its position
                 return
             self._seeks[partition] = "done"
-            self._outputs.append(StartFromApplied(producer.address, partition))
+            self._outputs.append(StartFromApplied(peer.address, partition))
             extend = self._extend_support
-            self._connect(producer.address, partition, now, extend_support=extend)
+            self._connect(peer.address, partition, now, extend_support=extend)
             return
         text = body.decode("utf-8", "replace").strip()
         if status == 404 and "CHANNEL_NOT_FOUND" in text and not created:
-            self._seek(producer, partition, create=True)
+            self._seek(peer, partition, create=True)
             return
         what = "/channel/create" if created else "/channel/setoffset"
         detail = f": {text}" if text else ""
@@ -470,9 +466,9 @@ class Consumer:
 
     def _on_seek_failed(self, seek: _SeekCall, error: NSQError) -> None:
         # not consumed from until the position is set: the next lookup tries again
-        producer, partition = seek.peer, seek.partition
+        peer, partition = seek.peer, seek.partition
         self._seeks.pop(partition, None)
-        self._outputs.append(StartFromFailed(producer.address, partition, error))
+        self._outputs.append(StartFromFailed(peer.address, partition, error))
 
     # ------------------------------------------------------------------ connections
 
@@ -512,7 +508,11 @@ class Consumer:
                 # closing or closed (its events are in ``items``): no more RDY on it
                 rdy.connection_closing(rec.conn_id)
             self._drain_items(rec, conn, items, out, rdy, max_attempts, now)
-            if self._requeue_arrivals and conn.state is _S.CLOSE_WAIT and not rec.in_flight:
+            if (
+                self._requeue_arrivals
+                and conn.state is ConnectionState.CLOSE_WAIT
+                and not rec.in_flight
+            ):
                 # nsqd may write a message it took before our CLS right after its CLOSE_WAIT:
                 # closed once what this read carried is requeued
                 conn.close("consumer stopped")
@@ -875,7 +875,7 @@ class Consumer:
 
     def _after_answer(self, rec: _Conn, now: float) -> None:
         if self._stopping:
-            if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
+            if rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight:
                 rec.conn.close("consumer stopped")
                 self._drain(rec, now)
         elif rec.planned is not None:
@@ -936,7 +936,7 @@ class Consumer:
             self._timers.set(key, deadline)
         for rec in list(self._conns.values()):
             self._requeue_held(rec)
-            if rec.conn.state is not _S.CLOSING:
+            if rec.conn.state is not ConnectionState.CLOSING:
                 rec.conn.close("consumer stopped")
             self._drain(rec, now)
         self._check_stopped(now)
@@ -963,7 +963,7 @@ class Consumer:
         if not self._stopping or self._stopped:
             return
         for rec in list(self._conns.values()):
-            if rec.conn.state is _S.CLOSE_WAIT and not rec.in_flight:
+            if rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight:
                 rec.conn.close("consumer stopped")
                 self._drain(rec, now)
         if not self._conns:

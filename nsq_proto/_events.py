@@ -83,8 +83,11 @@ class HeartbeatReceived(Event):
 
 @dataclass(frozen=True, slots=True)
 class PublishSucceeded(Event):
-    """nsqd acknowledged the publish ``request_id`` (the id ``publish*`` returned).
+    """nsqd acknowledged the publish ``request_id``: the id ``publish*`` returned.
 
+    From a :class:`~nsq_proto.Connection`, that is the connection's own publish id (each
+    connection numbers its publishes from 1); the producer core re-emits the event with its
+    own request id, the one :meth:`Producer.publish <nsq_proto.Producer.publish>` returned.
     ``conn_id`` is the connection that carried it (the last one, after retries).
     """
 
@@ -99,6 +102,8 @@ class PublishSucceeded(Event):
 class PublishFailed(Event):
     """The publish ``request_id`` failed: ``error`` tells why (a ``ServerError`` nsqd
     answered, a ``ConnectionClosedError``, the producer core's ``PublishTimeout``, ...).
+    ``request_id`` is the id ``publish*`` returned: a :class:`~nsq_proto.Connection`'s own
+    publish id, or the producer core's request id (see :class:`PublishSucceeded`).
 
     A :class:`~nsq_proto.Connection` reports each failed request at once; the producer core
     reports it once: after its retries (``max_publish_attempts``, within ``publish_timeout``) are

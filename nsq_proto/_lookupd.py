@@ -1,7 +1,7 @@
 """nsqlookupd over HTTP: request bytes, response parsing, and hostile-JSON validation.
 
 Sans-IO: :func:`build_lookup_request` and :func:`build_listlookup_request` return the bytes to
-write, :class:`HttpResponseParser` turns the bytes read back into an :class:`HttpResponse`, and
+write, :class:`HttpResponseParser` turns the bytes read back into a :class:`ParsedHttpResponse`, and
 :func:`parse_lookup_response` / :func:`parse_listlookup_response` turn its status and body into
 typed results.  Three answer shapes are accepted:
 
@@ -43,7 +43,7 @@ __all__ = [
     "TopicMeta",
     "LookupResult",
     "LookupdNode",
-    "HttpResponse",
+    "ParsedHttpResponse",
     "HttpResponseParser",
     "build_lookup_request",
     "build_listlookup_request",
@@ -159,7 +159,7 @@ class LookupdNode:
 
 
 @dataclass(frozen=True, slots=True)
-class HttpResponse:
+class ParsedHttpResponse:
     """A complete HTTP response.  Header names are lower-cased (h11's normal form)."""
 
     status: int
@@ -280,7 +280,7 @@ class HttpResponseParser:
     """Incremental HTTP/1.1 response reader on top of an h11 client connection.
 
     Feed bytes in any chunking with :meth:`receive_data` (``b""`` means the peer closed);
-    it returns the :class:`HttpResponse` once, when the response is complete, and None
+    it returns the :class:`ParsedHttpResponse` once, when the response is complete, and None
     before and after.  Malformed HTTP, a body above ``max_body_size`` and a close before the
     end raise :class:`LookupdError`; after that every call raises the same error.
     """
@@ -308,16 +308,16 @@ class HttpResponseParser:
         self._status: int | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._body = bytearray()
-        self._response: HttpResponse | None = None
+        self._response: ParsedHttpResponse | None = None
         self._error: LookupdError | None = None
         self._received = 0
 
     @property
-    def response(self) -> HttpResponse | None:
+    def response(self) -> ParsedHttpResponse | None:
         """The complete response, once it has arrived."""
         return self._response
 
-    def receive_data(self, data: bytes) -> HttpResponse | None:
+    def receive_data(self, data: bytes) -> ParsedHttpResponse | None:
         if self._error is not None:
             raise self._error
         if self._response is not None:
@@ -339,7 +339,7 @@ class HttpResponseParser:
             self._error = exc
             raise
 
-    def _next_response(self) -> HttpResponse | None:
+    def _next_response(self) -> ParsedHttpResponse | None:
         while True:
             event = self._conn.next_event()
             if event is h11.NEED_DATA or event is h11.PAUSED:
@@ -354,7 +354,7 @@ class HttpResponseParser:
                 self._body += event.data
             elif isinstance(event, h11.EndOfMessage):
                 assert self._status is not None
-                self._response = HttpResponse(self._status, self._headers, bytes(self._body))
+                self._response = ParsedHttpResponse(self._status, self._headers, bytes(self._body))
                 self._body = bytearray()
                 return self._response
             elif isinstance(event, h11.ConnectionClosed):
@@ -725,7 +725,7 @@ def feed_listlookup_response(
     return parse_listlookup_response(response.status, response.body)
 
 
-def _feed(parser: HttpResponseParser, data: bytes) -> HttpResponse | None:
+def _feed(parser: HttpResponseParser, data: bytes) -> ParsedHttpResponse | None:
     response = parser.receive_data(data)
     if response is None and not data:
         raise LookupdError("lookupd closed the connection before a full response")

@@ -658,6 +658,7 @@ class Producer:
         conn = rec.conn
         out = self._outputs
         while (item := conn.next_output()) is not None:
+            # a connection's publish events carry its own publish id: re-emitted with ours
             if type(item) is PublishSucceeded:
                 req = rec.outstanding.pop(item.request_id, None)
                 if req is not None:
@@ -974,11 +975,11 @@ class Producer:
             return  # keep what we know until an answer says something useful
         if not leaders and not self._nsqd:
             # standard nsqd behind lookupd: publish to the nsqd it lists
-            for producer in result.producers:
-                if producer.address not in self._nsqd:
-                    self._nsqd.append(producer.address)
+            for peer in result.producers:
+                if peer.address not in self._nsqd:
+                    self._nsqd.append(peer.address)
                     for slot in range(self.config.pool_size):
-                        self._open(producer.address, slot)
+                        self._open(peer.address, slot)
         for address in leaders:
             for slot in range(self.config.pool_size):
                 self._open(address, slot)

@@ -14,18 +14,21 @@ class TimerKind(Enum):
     # members are singletons: identity hashing is exact and much cheaper than Enum's
     __hash__ = object.__hash__
 
-    #: poll every lookupd again (the consumer's topic; the producer: the topic of the key)
+    #: look the topic up on every lookupd again (the consumer: its topic, argument None; the
+    #: producer: the key's argument, a topic it publishes to)
     LOOKUPD_POLL = "LOOKUPD_POLL"
-    #: ask lookupd again soon after a connection was lost (consumer)
+    #: ask lookupd again soon after a connection was lost (consumer; argument None)
     LOOKUPD_RECHECK = "LOOKUPD_RECHECK"
-    #: a lookupd HTTP request took too long
+    #: an HTTP call (to lookupd, or to nsqd's HTTP API) took too long: set and cancelled by
+    #: the core's LookupdClient (the key's argument: the call's request id)
     HTTP_TIMEOUT = "HTTP_TIMEOUT"
-    #: connect again to an nsqd (the key's argument: its address, with a partition for the
-    #: consumer), after the reconnect backoff
+    #: connect again after the reconnect backoff; the key's argument names the target: the
+    #: consumer's ``(address, partition or None)``, the producer's ``(address, pool slot)``
     RECONNECT = "RECONNECT"
-    #: a graceful stop waited long enough for the application
+    #: a graceful stop waited long enough for the application (consumer; argument None)
     STOP_TIMEOUT = "STOP_TIMEOUT"
-    #: a publish's retry backoff is over (producer; the key's argument: its request id)
+    #: a publish's retry backoff is over (producer; the key's argument: its request id); the
+    #: dispatch that follows every timer sends it
     RETRY = "RETRY"
 
 

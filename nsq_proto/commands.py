@@ -42,7 +42,9 @@ __all__ = [
     "CLS",
 ]
 
+#: the four bytes a client sends first: protocol V2
 MAGIC_V2: Final = b"  V2"
+#: the bytes of :func:`nop` and :func:`cls`
 NOP: Final = b"NOP\n"
 CLS: Final = b"CLS\n"
 
@@ -54,10 +56,12 @@ _U64_MAX: Final = 0xFFFFFFFFFFFFFFFF
 
 
 def _body(data: bytes) -> bytes:
+    """A command's body: its size (u32, big-endian), then ``data``."""
     return _pack_u32(len(data)) + data
 
 
 def _check_body(body: bytes, what: str = "message body") -> bytes:
+    """``body`` as ``bytes``: LocalProtocolError unless it is non-empty bytes-like data."""
     if not isinstance(body, bytes | bytearray | memoryview):
         raise LocalProtocolError(f"{what} must be bytes, not {type(body).__name__}")
     body = bytes(body)
@@ -67,6 +71,7 @@ def _check_body(body: bytes, what: str = "message body") -> bytes:
 
 
 def _partition_suffix(partition: int | None) -> bytes:
+    """`` <partition>`` after a topic (the partitioned server's form), or nothing."""
     if partition is None:
         return b""
     if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
@@ -75,12 +80,14 @@ def _partition_suffix(partition: int | None) -> bytes:
 
 
 def _check_id(msg_id: bytes) -> bytes:
+    """``msg_id``, if it is the 16 bytes of a message id."""
     if not isinstance(msg_id, bytes) or len(msg_id) != 16:
         raise LocalProtocolError(f"a message id is 16 bytes, got {msg_id!r}")
     return msg_id
 
 
 def _check_trace_id(trace_id: int) -> int:
+    """``trace_id``, if it is an unsigned 64-bit int (not a bool)."""
     if isinstance(trace_id, bool) or not isinstance(trace_id, int) or not 0 <= trace_id <= _U64_MAX:
         raise LocalProtocolError(f"trace id must be an unsigned 64-bit int, not {trace_id!r}")
     return trace_id
@@ -102,6 +109,7 @@ def auth(secret: bytes | str) -> bytes:
 
 
 def _sub(name: bytes, topic: str, channel: str, partition: int | None) -> bytes:
+    """``name topic channel [partition]\\n``: the line of every form of SUB."""
     check_topic(topic)
     check_channel(channel)
     return b"%s %s %s%s\n" % (name, topic.encode(), channel.encode(), _partition_suffix(partition))
@@ -130,6 +138,8 @@ def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
 
 
 def _mpub_payload(items: Sequence[bytes]) -> bytes:
+    """The body of an MPUB-like command: the count (u32), then each item's size (u32) and
+    bytes."""
     first = len(items[0])
     for item in items:
         if len(item) != first:

@@ -19,10 +19,10 @@ from nsq_proto._lookupd import (
     MAX_CHANNELS,
     MAX_LOOKUPD_NODES,
     MAX_PARTITIONS,
-    HttpResponse,
     HttpResponseParser,
     LookupdNode,
     LookupResult,
+    ParsedHttpResponse,
     Peer,
     TopicMeta,
     build_listlookup_request,
@@ -70,7 +70,7 @@ def parse(parser: str, status: int, body: bytes) -> Any:
     return [dataclasses.asdict(node) for node in parse_listlookup_response(status, body)]
 
 
-def feed(parser: HttpResponseParser, chunks: list[bytes]) -> list[HttpResponse]:
+def feed(parser: HttpResponseParser, chunks: list[bytes]) -> list[ParsedHttpResponse]:
     out = []
     for chunk in chunks:
         response = parser.receive_data(chunk)
@@ -330,7 +330,7 @@ def test_response_parser_is_chunking_invariant(
 def test_response_without_eof_completes_when_length_is_known() -> None:
     parser = HttpResponseParser()
     response = parser.receive_data(render(200, b"{}", "length", 1))
-    assert response == HttpResponse(
+    assert response == ParsedHttpResponse(
         200,
         [
             (b"x-nsq-content-type", b"nsq; version=1.0"),
