@@ -71,6 +71,8 @@ log = logging.getLogger("nsq_spark")
 
 #: seconds a task waits for its first message (connecting and subscribing included)
 FIRST_MESSAGE_WAIT = 5.0
+#: seconds between two looks at nsqd's depth while nothing waits
+IDLE_POLL_INTERVAL = 0.1
 #: seconds an HTTP request to nsqd or lookupd may take
 HTTP_TIMEOUT = 10.0
 #: messages taken from the consumer at once
@@ -540,6 +542,9 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             min_partitions=o.num_partitions,
         )
         if not parts:
+            # Spark asks again at once (every 10 ms with the default trigger): an idle query
+            # would keep the driver, its source runner and nsqd busy answering
+            time.sleep(IDLE_POLL_INTERVAL)
             return start
         run = start.get("run") or self._run or uuid.uuid4().hex
         self._run = run

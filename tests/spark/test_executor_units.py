@@ -219,6 +219,36 @@ def test_a_share_above_what_its_connections_may_hold_ends_there_without_waiting(
     assert (stats.depth, stats.in_flight_count) == (1000, 0)
 
 
+def test_an_idle_topic_is_asked_for_its_depth_at_most_every_100_ms(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nsq_spark._executor_source as source
+
+    asked: list[str] = []
+    real = source._http
+
+    def counted(address: str, path: str, **kwargs: Any) -> tuple[int, bytes]:
+        asked.append(path)
+        return real(address, path, **kwargs)
+
+    monkeypatch.setattr(source, "_http", counted)
+    r = reader(emulator, "exec-idle", tmp_path)
+    start = r.initialOffset()
+    r.latestOffset(start, r.getDefaultReadLimit())  # creates the channel
+    asked.clear()
+    # Spark's loop with the default trigger: ask again 10 ms after an empty answer
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:
+        assert r.latestOffset(start, r.getDefaultReadLimit()) == start
+        time.sleep(0.01)
+    stats = [p for p in asked if p.startswith("/stats")]
+    assert 5 <= len(stats) <= 11, len(stats)
+    # and a message is seen at the next look
+    emulator.publish("exec-idle", [b"x"])
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert [m for _a, m, _b in end["parts"]] == [1]
+
+
 def test_rows_whose_fin_nsqd_did_not_confirm_are_not_written_again_when_redelivered(
     emulator: Emulator, tmp_path: Path
 ) -> None:

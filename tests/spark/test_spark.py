@@ -707,3 +707,41 @@ def test_an_idle_topic_makes_no_batch_and_a_new_message_comes_within_a_trigger(
     assert idle_batches == 0
     assert idle_cpu < 0.05 * idle
     assert max(waits) < trigger + max(durations) + 0.5
+
+
+def test_an_idle_query_with_the_default_trigger_does_not_spin(
+    spark: Any, emulator: Emulator, tmp_path: Path
+) -> None:
+    # with the default trigger Spark asks the source for new data every 10 ms while there is
+    # none; the source looks at nsqd's depth no more often than every 100 ms
+    topic = "idle-default-trigger"
+    emulator.publish(topic, [b"first"])
+    arrived: dict[bytes, float] = {}
+
+    def on_batch(batch: Any, batch_id: int) -> None:
+        now = time.monotonic()
+        for row in batch.select("body").collect():
+            arrived.setdefault(row.body, now)
+
+    query = (
+        source(spark, emulator, topic)
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        wait_for(lambda: b"first" in arrived)
+        time.sleep(1.0)
+        cpu = _python_cpu_seconds_below(os.getpid())
+        idle = 5.0
+        time.sleep(idle)
+        idle_cpu = _python_cpu_seconds_below(os.getpid()) - cpu
+        published = time.monotonic()
+        emulator.publish(topic, [b"late"])
+        wait_for(lambda: b"late" in arrived, timeout=20, interval=0.02)
+        wait = arrived[b"late"] - published
+    finally:
+        query.stop()
+    print(f"idle {idle} s: {idle_cpu:.3f} CPU s in Python; a new message after {wait:.3f} s")
+    assert idle_cpu < 0.03 * idle
+    assert wait < 1.5  # the 100 ms between looks, then a batch
