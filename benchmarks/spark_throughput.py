@@ -65,7 +65,8 @@ def publish(portal: BlockingPortal, addresses: str, topic: str, count: int, size
             async def worker() -> None:
                 nonlocal remaining
                 while remaining > 0:
-                    n = min(100, remaining)
+                    # MPUB of 100, or fewer within nsqd's --max-body-size (5 MiB by default)
+                    n = min(100, max(1, 4 * 1024 * 1024 // max(1, size)), remaining)
                     remaining -= n
                     await p.publish_many(topic, [body] * n)
 
