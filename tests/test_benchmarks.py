@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._servers import MISSING, NSQD, NSQLOOKUPD, Nsqd
+from tests.support.servers import MISSING, NSQD, NSQLOOKUPD, Nsqd
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"

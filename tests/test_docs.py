@@ -11,7 +11,8 @@ import pytest
 
 from nsq_proto import ConnectionConfig, ConsumerConfig, ProducerConfig
 
-from .codeblocks import ROOT, Block, blocks, run
+from .support import ROOT
+from .support.codeblocks import Block, blocks, run
 
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .codeblocks import ROOT, Block, blocks
+from .support import ROOT
+from .support.codeblocks import Block, blocks
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: every block that runs (a skipped one may be a fragment of a program)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .codeblocks import ROOT
+from .support import ROOT
 
 PROGRAM = """\
 import anyio

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .codeblocks import ROOT, Block, blocks, run
+from .support import ROOT
+from .support.codeblocks import Block, blocks, run
 
 README = ROOT / "README.md"
 BLOCKS = blocks(README)

@@ -20,17 +20,15 @@ import anyio
 import pytest
 
 from nsq_client import Message
-from tests.faults._servers import auth_server, free_port, wait_http
+from tests.support.backends import anyio_backend, lib, way
+from tests.support.net import free_port, wait_http
+from tests.support.servers import MISSING, NSQD, NSQLOOKUPD, auth_server
 
-NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
-NSQLOOKUPD = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
+__all__ = ["anyio_backend", "lib", "way"]
 
 pytestmark = [
     pytest.mark.real_nsqd,
-    pytest.mark.skipif(
-        not (NSQD and NSQLOOKUPD),
-        reason="no real nsqd/nsqlookupd: set NSQD and NSQLOOKUPD to the binaries to run these",
-    ),
+    pytest.mark.skipif(not (NSQD and NSQLOOKUPD), reason=MISSING),
 ]
 
 
@@ -87,27 +85,6 @@ def servers() -> Iterator[Servers]:
         for proc in procs:
             proc.wait(timeout=10)
         shutil.rmtree(data, ignore_errors=True)
-
-
-WAYS = [("nsq_anyio", "asyncio"), ("nsq_anyio", "trio"), ("nsq_trio", "trio")]
-
-
-@pytest.fixture(params=WAYS, ids=[f"{lib}-{backend}" for lib, backend in WAYS])
-def way(request: pytest.FixtureRequest) -> tuple[str, str]:
-    lib, backend = request.param
-    return str(lib), str(backend)
-
-
-@pytest.fixture
-def anyio_backend(way: tuple[str, str]) -> str:
-    return way[1]
-
-
-@pytest.fixture
-def lib(way: tuple[str, str]) -> ModuleType:
-    import importlib
-
-    return importlib.import_module(way[0])
 
 
 async def consume(consumer: Any, n: int) -> list[Any]:

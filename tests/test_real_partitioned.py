@@ -28,7 +28,7 @@ import pytest
 import nsq_anyio
 from nsq_proto import ExtFilter, LocalProtocolError, ServerError, StartFrom
 from nsq_proto.wire import partition_for_key
-from tests.faults._servers import free_port, wait_http
+from tests.support.net import free_port, wait_http
 
 NSQD = os.environ.get("NSQD_PARTITIONED")
 NSQLOOKUPD = os.environ.get("NSQLOOKUPD_PARTITIONED")

@@ -28,7 +28,7 @@ from nsq_proto._features import (
 )
 from nsq_proto.wire import FrameDecoder, MessageLayout, decode_message, parse_error_frame
 
-from .fixtures_util import (
+from .support.spec_fixtures import (
     FIXTURES,
     FRAME_TYPE_CODES,
     ClientMismatch,

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from nsq_anyio.blocking import Consumer, Message, Producer
-
-from .test_cli import server
+from tests.support.served import server
 
 __all__ = ["server"]
 

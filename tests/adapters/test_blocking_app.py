@@ -12,8 +12,7 @@ import pytest
 
 from nsq_anyio.blocking import Consumer, Producer
 from nsq_proto import ConnectionClosedError, LocalProtocolError
-
-from .test_cli import server
+from tests.support.served import server
 
 __all__ = ["server"]
 

@@ -6,47 +6,22 @@ import contextlib
 import json
 import os
 import pty
-import queue
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
-from typing import IO
 
 import pytest
 
-from tests.faults._servers import free_port, wait_http
+from tests.support.net import free_port, wait_http
+from tests.support.served import Running, run, running, server
+from tests.support.servers import NSQD, NSQLOOKUPD
 
-PY = [sys.executable, "-m", "nsq_anyio"]
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    "PYTHONUNBUFFERED": "1",
-}
-NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
-NSQLOOKUPD = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
-
-
-def run(
-    *args: str, stdin: str = "", timeout: float = 60, program: list[str] = PY
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*program, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=ENV,
-    )
+__all__ = ["server"]
 
 
 def assert_usage_error(
@@ -72,104 +47,11 @@ def assert_runtime_error(out: subprocess.CompletedProcess[str], *words: str) -> 
         assert word in last, out.stderr
 
 
-class Running:
-    """A command running in the background; its output lines as they come."""
-
-    def __init__(
-        self, *args: str, stdin: int | None = subprocess.DEVNULL, program: list[str] = PY
-    ) -> None:
-        self.proc = subprocess.Popen(
-            [*program, *args],
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=ENV,
-        )
-        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
-        self.out: list[str] = []
-        self.err: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.proc.stdout, "out", self.out)),
-            threading.Thread(target=self._read, args=(self.proc.stderr, "err", self.err)),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _read(self, stream: IO[str], name: str, into: list[str]) -> None:
-        for line in stream:
-            into.append(line)
-            self.lines.put((name, line))
-
-    def wait_for(self, name: str, text: str, timeout: float = 10) -> str:
-        """The first line of ``name`` (``out`` or ``err``) containing ``text``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                which, line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(
-                    f"no {text!r} on std{name} in {timeout} s: {''.join(self.err)}"
-                ) from None
-            if which == name and text in line:
-                return line
-
-    def interrupt(self) -> float:
-        """SIGINT; the seconds until the process ended."""
-        start = time.monotonic()
-        self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(timeout=20)
-        return time.monotonic() - start
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for reader in self._readers:
-            reader.join()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            assert stream is not None
-            stream.close()
-
-
-@contextlib.contextmanager
-def running(
-    *args: str, stdin: int | None = subprocess.DEVNULL, program: list[str] = PY
-) -> Iterator[Running]:
-    proc = Running(*args, stdin=stdin, program=program)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
 def test_demo_round_trip() -> None:
     out = run("demo", "--count", "500")
     assert out.returncode == 0, out.stderr
     assert "consumed 500 distinct messages" in out.stdout
     assert "round trip OK" in out.stdout
-
-
-@contextlib.contextmanager
-def serve() -> Iterator[dict[str, str]]:
-    """``python -m nsq_anyio serve`` on free loopback ports; its addresses by name."""
-    with running(
-        "serve", "--tcp-port", "0", "--http-port", "0", "--lookupd-http-port", "0"
-    ) as proc:
-        addresses = {}
-        for _ in range(3):
-            line = proc.wait_for("out", " ")
-            name, _, address = line.rpartition(" ")
-            addresses[name.strip()] = address.strip()
-        yield addresses
-        proc.interrupt()
-
-
-@pytest.fixture
-def server() -> Iterator[dict[str, str]]:
-    with serve() as addresses:
-        yield addresses
 
 
 def test_pub_then_tail_through_lookupd(server: dict[str, str]) -> None:

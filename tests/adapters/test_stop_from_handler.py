@@ -16,9 +16,9 @@ import pytest
 from nsq_anyio import EmulatorCluster
 from nsq_anyio.blocking import Consumer as BlockingConsumer
 from nsq_anyio.blocking import Message as BlockingMessage
+from tests.support.served import server
 
 from .test_blocking import channel_stats
-from .test_cli import server
 
 __all__ = ["server"]
 

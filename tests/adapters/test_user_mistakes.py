@@ -14,8 +14,7 @@ import pytest
 from nsq_anyio import blocking
 from nsq_anyio._server import serve_emulator
 from nsq_proto import ConfigError, ConnectionClosedError, RemoteProtocolError
-
-from .test_cli import server
+from tests.support.served import server
 
 __all__ = ["server"]
 

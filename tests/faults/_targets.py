@@ -9,8 +9,7 @@ from typing import Protocol
 import anyio.to_thread
 
 from nsq_anyio._server import EmulatorCluster
-
-from ._servers import Lookupd, Nsqd
+from tests.support.servers import Lookupd, Nsqd
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Generator
 
 import pytest
 
-from tests.adapters.conftest import anyio_backend, lib, way
+from tests.support.backends import anyio_backend, lib, way
 
 from ._figures import FIGURES
 

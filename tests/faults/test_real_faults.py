@@ -17,10 +17,11 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from tests.support.servers import MISSING, NSQD, NSQLOOKUPD, Lookupd, Nsqd, auth_server
+
 from . import _scenarios as scenario
 from ._figures import report
 from ._scenarios import WAIT, until
-from ._servers import MISSING, NSQD, NSQLOOKUPD, Lookupd, Nsqd, auth_server
 from ._targets import RealTarget
 
 pytestmark = [

@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 from nsq_proto.testing import ClientState, Nsqd, NsqdOptions
-
-from ._emu_helpers import Client, mpub_cmd, pub_cmd
+from tests.support.emulator_client import Client, mpub_cmd, pub_cmd
 
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}
 

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from nsq_proto.testing import Lookupd, Nsqd, NsqdOptions, NsqdStopped
-
-from ._emu_helpers import Client, pub_cmd
+from tests.support.emulator_client import Client, pub_cmd
 
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from nsq_proto.testing import Lookupd, Nsqd, NsqdOptions
-
-from ._emu_helpers import Client
+from tests.support.emulator_client import Client
 
 V1 = [("Accept", "application/vnd.nsq; version=1.0")]
 

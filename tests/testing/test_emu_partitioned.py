@@ -10,8 +10,7 @@ import pytest
 from nsq_proto._features import parse_trace_receipt
 from nsq_proto._message import MessageLayout
 from nsq_proto.testing import Cluster, Nsqd, NsqdOptions
-
-from ._emu_helpers import ORDERED_LAYOUT, PARTITIONED_LAYOUT, Client, body
+from tests.support.emulator_client import ORDERED_LAYOUT, PARTITIONED_LAYOUT, Client, body
 
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}
 V1 = [("Accept", "application/vnd.nsq; version=1.0")]

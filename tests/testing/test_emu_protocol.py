@@ -11,8 +11,7 @@ import snappy
 from nsq_emulator._protocol import decode_identify
 from nsq_proto._compress import SnappyCodec
 from nsq_proto.testing import Authorization, AuthState, Nsqd, NsqdOptions, static_authorizer
-
-from ._emu_helpers import Client, body, identify_cmd, pub_cmd
+from tests.support.emulator_client import Client, body, identify_cmd, pub_cmd
 
 
 @pytest.mark.parametrize(

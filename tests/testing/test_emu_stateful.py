@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from nsq_proto.testing import Nsqd
-
-from ._emu_helpers import Client
+from tests.support.emulator_client import Client
 
 N_CLIENTS = 3
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 60000, "msg_timeout": 2000}

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nsq_proto.testing import Nsqd, NsqdOptions
-
-from ._emu_helpers import Client
+from tests.support.emulator_client import Client
 
 HB = b"_heartbeat_"
 
@@ -222,7 +221,7 @@ def test_queue_scan_refresh_delays_timers_of_new_channels() -> None:
 def test_tls_handshake_timeout_closes() -> None:
     nsqd = Nsqd(NsqdOptions(tls=True))
     c = Client(nsqd, 0.0)
-    from ._emu_helpers import identify_cmd
+    from tests.support.emulator_client import identify_cmd
 
     c.send(identify_cmd(feature_negotiation=True, tls_v1=True), 0.0)
     assert c.read()[0][0] == 0

@@ -40,7 +40,9 @@ from nsq_proto import (
     Subscribed,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "spec-fixtures"
+from . import ROOT
+
+FIXTURES = ROOT / "spec-fixtures"
 HEARTBEAT = "_heartbeat_"
 DEFAULT_MAX_RDY_COUNT = 2500
 

@@ -26,9 +26,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from .adapters.test_cli import serve
+from . import ROOT
+from .served import serve
 
-ROOT = Path(__file__).parent.parent
 _BLOCK = re.compile(
     r"(?:<!-- docs-test: (?P<directive>[a-z-]+)(?: (?P<reason>[^>]*?))? -->\n)?"
     r"^```python\n(?P<code>.*?)^```",
