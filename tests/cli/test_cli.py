@@ -1,4 +1,5 @@
-"""The command line, run as a user would: separate processes over loopback."""
+"""The command line (``nsq_cli``: ``nsq-sansio``, ``python -m nsq_anyio``), run as a user would:
+separate processes over loopback."""
 
 from __future__ import annotations
 
