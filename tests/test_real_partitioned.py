@@ -3,7 +3,7 @@ nsqlookupd, and etcd with the v2 API), on loopback.
 
 Runs when ``NSQD_PARTITIONED``, ``NSQLOOKUPD_PARTITIONED`` and ``ETCD`` point at the binaries;
 skipped otherwise, with the reason.  The emulator twins of these scenarios run everywhere
-(``tests/testing/test_publish_retries.py``, ``test_start_from.py``, ``test_ext_filter.py``).
+(``tests/core_x_emulator/test_publish_retries.py``, ``test_start_from.py``, ``test_ext_filter.py``).
 """
 
 from __future__ import annotations

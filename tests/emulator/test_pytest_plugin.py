@@ -3,9 +3,9 @@ emulated servers from the ``nsq_emulator`` and ``nsq_memory_network`` fixtures."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+
+from tests.support import ROOT
 
 pytest_plugins = ["pytester"]
 
@@ -68,7 +68,7 @@ def test_a_users_suite_gets_emulated_servers_from_the_fixtures(pytester: pytest.
 
 
 def test_the_example_of_the_testing_page_passes(pytester: pytest.Pytester) -> None:
-    page = (Path(__file__).parent.parent / "docs" / "testing.md").read_text()
+    page = (ROOT / "docs" / "testing.md").read_text()
     section = page.split("## The pytest fixtures", 1)[1]
     example = section.split("```python\n", 1)[1].split("```", 1)[0]
     pytester.makepyfile(test_example=example)

@@ -1,5 +1,6 @@
-"""The served emulator (``serve_emulator``, ``python -m nsq_anyio serve``) runs on the wall
-clock: message timestamps and ``/stats``'s ``start_time`` are those of now."""
+"""The emulator's loopback host (``nsq_emulator.loopback``: ``serve_emulator``, ``python -m
+nsq_anyio serve``) runs on the wall clock: message timestamps and ``/stats``'s ``start_time``
+are those of now."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import anyio
 import pytest
 
 from nsq_anyio._server import serve_emulator
+from tests.support.backends import anyio_backend, lib, way
+
+__all__ = ["anyio_backend", "lib", "way"]
 
 pytestmark = pytest.mark.anyio
 
