@@ -17,7 +17,9 @@ and without ``--nsqd-tcp-address`` the emulator, which runs in this process) spe
 source's query.
 
 The last lines are ``spark_memory_source_rows_per_s=<float>``,
-``spark_source_driver_cpu_s_per_million=<float>``, ``spark_source_msgs_per_s=<float>`` and
+``spark_source_driver_cpu_s_per_million=<float>`` (the whole query),
+``spark_source_driver_steady_cpu_s_per_million=<float>`` (after the warm-up batches),
+``spark_source_msgs_per_s=<float>`` and
 ``spark_sink_msgs_per_s=<float>``.
 """
 
@@ -199,12 +201,14 @@ def cpu_seconds_of_this_process_tree() -> float:
 
 def run_query(
     args: argparse.Namespace, spark: Any, reader: Any, name: str, target: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Stream ``reader`` into the noop sink until ``target`` rows; the steady rate, and the
-    CPU seconds of the driver side per million rows over the whole query."""
+    CPU seconds of the driver side per million rows over the whole query and after the
+    warm-up batches (the query's start, the JIT and Spark's planning workers left out)."""
     progress = Progress()
     checkpoint = tempfile.mkdtemp(prefix="nsq-spark-bench-")
     cpu = cpu_seconds_of_this_process_tree()
+    warm: tuple[float, int] | None = None
     query = reader.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
     deadline = time.monotonic() + args.timeout
     try:
@@ -217,7 +221,13 @@ def run_query(
                 )
             time.sleep(1.0)  # recentProgress keeps the last 100 batches
             progress.poll(query)
-        cpu = cpu_seconds_of_this_process_tree() - cpu
+            if warm is None and len(progress.batches) >= args.warmup_batches:
+                warm = (cpu_seconds_of_this_process_tree(), progress.rows)
+        end = cpu_seconds_of_this_process_tree()
+        steady = float("nan")
+        if warm is not None and progress.rows > warm[1]:
+            steady = (end - warm[0]) / (progress.rows - warm[1]) * 1e6
+        cpu = end - cpu
     finally:
         # stopping cancels the running batch, which Spark logs as errors: not news here
         spark.sparkContext.setLogLevel("OFF")
@@ -233,14 +243,16 @@ def run_query(
         print(f"{name}: {progress.profile(args.warmup_batches)}", file=sys.stderr)
     per_million = cpu / progress.rows * 1e6
     print(
-        f"{name}: driver side {cpu:.1f} CPU s, {per_million:.1f} per million rows", file=sys.stderr
+        f"{name}: driver side {cpu:.1f} CPU s, {per_million:.1f} per million rows "
+        f"({steady:.1f} after the warm-up batches)",
+        file=sys.stderr,
     )
-    return rate, per_million
+    return rate, per_million, steady
 
 
 def bench_source(
     args: argparse.Namespace, spark: Any, address: str, portal: BlockingPortal, http: str | None
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     topic = f"spark-bench-{uuid.uuid4().hex[:8]}"
     publish(portal, address, topic, args.count, args.size)
     reader = spark.readStream.format("nsq")
@@ -325,7 +337,7 @@ def bench_memory(args: argparse.Namespace, spark: Any) -> float:
             return Reader()
 
     spark.dataSource.register(Memory)
-    rate, _ = run_query(
+    rate, _, _ = run_query(
         args, spark, spark.readStream.format("memory_bench").load(), "memory", args.count
     )
     return rate
@@ -415,7 +427,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     skip = set(args.skip.split(","))
-    source_rate = memory_rate = sink_rate = source_cpu = float("nan")
+    source_rate = memory_rate = sink_rate = source_cpu = steady_cpu = float("nan")
     with nsqd(args) as (address, portal, cluster):
         spark = spark_session(args)
         try:
@@ -425,13 +437,16 @@ def main() -> None:
                 http = args.nsqd_http_address
                 if http is None and cluster is not None:  # the emulator's
                     http = cluster.nsqd_http_addresses[0]
-                source_rate, source_cpu = bench_source(args, spark, address, portal, http)
+                source_rate, source_cpu, steady_cpu = bench_source(
+                    args, spark, address, portal, http
+                )
             if "sink" not in skip:
                 sink_rate = bench_sink(args, spark, address.split(",")[0], portal, cluster)
         finally:
             spark.stop()
     print(f"spark_memory_source_rows_per_s={memory_rate:.1f}")
     print(f"spark_source_driver_cpu_s_per_million={source_cpu:.2f}")
+    print(f"spark_source_driver_steady_cpu_s_per_million={steady_cpu:.2f}")
     print(f"spark_source_msgs_per_s={source_rate:.1f}")
     print(f"spark_sink_msgs_per_s={sink_rate:.1f}")
 
