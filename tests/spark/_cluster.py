@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.faults._servers import free_port
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ needs_nsqd = pytest.mark.skipif(not NSQD, reason="no real nsqd: set NSQD to the 
 
 @pytest.fixture(scope="module")
 def nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNSQD]:
-    from tests.faults._servers import free_port
+    from tests.support.net import free_port
 
     assert NSQD
     tcp, http = free_port(), free_port()

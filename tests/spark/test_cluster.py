@@ -39,7 +39,7 @@ CHANNEL = "spark"
 
 @pytest.fixture(scope="module")
 def two_nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealNSQD]]:
-    from tests.faults._servers import free_port
+    from tests.support.net import free_port
 
     assert NSQD
     nodes = []

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults._servers import free_port
+from tests.support.net import free_port
 
 from ._cluster import ROOT, spark_env
 from .helpers import Emulator

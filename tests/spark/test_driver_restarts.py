@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import pytest
 
-from tests.faults._servers import free_port, wait_http
+from tests.support.net import free_port, wait_http
 
 from .helpers import Emulator, wait_for
 

@@ -380,7 +380,8 @@ def test_a_staging_location_the_executor_does_not_share_fails_the_task(
 def test_the_driver_asks_nsqd_over_https_with_the_tls_options(tmp_path: Path) -> None:
     import trustme
 
-    from tests.faults._servers import Nsqd, free_port
+    from tests.support.net import free_port
+    from tests.support.servers import Nsqd
 
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults._servers import free_port
+from tests.support.net import free_port
 
 from ._cluster import ROOT, spark_env
 from .test_connect import missing
