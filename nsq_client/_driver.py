@@ -540,7 +540,8 @@ class Driver:
         if out.buffered:
             # nsqd sends nothing between its IDENTIFY response and our ClientHello
             error = TransportError("data arrived before the TLS handshake")
-            self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
+            assert self._tg is not None
+            self._tg.start_soon(self._lost, link, error)
             return
         link.writer.held = True  # what comes now is written over TLS, once it is up
         link.reader.start_upgrade()

@@ -258,6 +258,8 @@ async def test_bytes_that_came_with_the_start_tls_close_the_connection(kind: Kin
         assert isinstance(error, nsq_client.TransportError)
         assert str(error) == "data arrived before the TLS handshake"
         assert h.backend.handshakes == []
+        # and the connection is closed, not left open and read until the peer closes it
+        await wait_until(lambda: h.backend.stream(ADDRESS).closed)
 
 
 async def test_a_refused_handshake_is_a_permanent_transport_error(kind: Kind) -> None:
