@@ -24,8 +24,6 @@ from ._backend import Stream as Stream
 from ._backend import TaskGroupContext as TaskGroupContext
 from ._backend import TaskGroupLike as TaskGroupLike
 from ._consumer import Consumer as Consumer
-from ._driver import Driver as Driver
-from ._driver import TransportError as TransportError
 from ._message import GiveUpHook as GiveUpHook
 from ._message import Handler as Handler
 from ._message import Message as Message
@@ -35,6 +33,8 @@ from ._options import ConsumerOptions as ConsumerOptions
 from ._options import ProducerArguments as ProducerArguments
 from ._options import ProducerOptions as ProducerOptions
 from ._producer import Producer as Producer
+from ._runner import CoreRunner as CoreRunner
+from ._runner import TransportError as TransportError
 from ._stats import ConsumerConnectionStats as ConsumerConnectionStats
 from ._stats import ConsumerStats as ConsumerStats
 from ._stats import ProducerConnectionStats as ProducerConnectionStats
@@ -49,7 +49,7 @@ __all__ = [
     "ConsumerConnectionStats",
     "ConsumerOptions",
     "ConsumerStats",
-    "Driver",
+    "CoreRunner",
     "EventLike",
     "GiveUpHook",
     "Handler",
@@ -68,6 +68,9 @@ __all__ = [
     "TransportError",
 ]
 
-for _public in (Consumer, Driver, Message, Producer, TransportError, BackendBase):
+for _public in (Consumer, CoreRunner, Message, Producer, TransportError, BackendBase):
     _public.__module__ = __name__
 del _public
+
+#: the former name of :class:`CoreRunner` ("driver" is the Spark driver's word), kept importable
+Driver = CoreRunner

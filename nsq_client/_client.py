@@ -8,8 +8,8 @@ from typing import Any, ClassVar, Self
 from nsq_proto import ClientCore, ConfigError, Event
 
 from ._backend import Backend, TaskGroupContext, TaskGroupLike
-from ._driver import Driver
 from ._options import tls_context
+from ._runner import CoreRunner
 
 __all__ = ["ClientBase"]
 
@@ -19,7 +19,7 @@ class ClientBase:
 
     #: the backend of a subclass bound to one event-loop library (``nsq_anyio``, ``nsq_trio``)
     default_backend: ClassVar[Backend | None] = None
-    _driver: Driver
+    _runner: CoreRunner
 
     @classmethod
     def _backend_of(cls, backend: Backend | None) -> Backend:
@@ -44,7 +44,7 @@ class ClientBase:
         self, core: ClientCore, on_event: Callable[[Event], None], write_timeout: float
     ) -> None:
         """Run ``core`` on this client's backend, its events to ``on_event``."""
-        self._driver = Driver(
+        self._runner = CoreRunner(
             self._backend,
             core,
             on_event,
@@ -57,9 +57,9 @@ class ClientBase:
         self._clock = self._backend.clock()
         self._tg_cm = self._backend.task_group()
         self._tg = await self._tg_cm.__aenter__()
-        self._driver.start(self._tg)
-        self._driver.core.start(self._backend.current_time())
-        self._driver.wake()
+        self._runner.start(self._tg)
+        self._runner.core.start(self._backend.current_time())
+        self._runner.wake()
         return self
 
     async def _end_tasks(self) -> None:

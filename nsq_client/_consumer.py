@@ -116,7 +116,7 @@ class Consumer(ClientBase):
         if not abrupt:
             await self._stop()
             with backend.cancel_scope(shield=True):
-                await self._driver.aclose()
+                await self._runner.aclose()
             return await self._exit(exc_info)
         # the client's tasks were cancelled with the caller: end them (one may have failed:
         # that is what the block ends with), then finish the exchange in tasks of our own
@@ -129,7 +129,7 @@ class Consumer(ClientBase):
             await self._stop_abruptly()
         finally:
             with backend.cancel_scope(shield=True):
-                await self._driver.aclose()
+                await self._runner.aclose()
         if failure is not None:
             raise failure
         return None
@@ -147,7 +147,7 @@ class Consumer(ClientBase):
             # the core closes every connection within REQUEUE_GRACE: this bound is a backstop
             with backend.cancel_scope(deadline=now + REQUEUE_GRACE + 5.0):
                 async with backend.task_group() as tg:
-                    self._driver.resume(tg)
+                    self._runner.resume(tg)
                     await self._stopped.wait()
                     tg.cancel_scope.cancel()
             self._inbox.close()
@@ -173,7 +173,7 @@ class Consumer(ClientBase):
         now = self._backend.current_time()
         self._core.stop(now)
         self._requeue_inbox(now)
-        self._driver.wake()
+        self._runner.wake()
         return now
 
     async def _stop(self) -> None:
@@ -300,7 +300,7 @@ class Consumer(ClientBase):
         core.finish(conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
         if core.in_flight_count(conn_id) == 0:
             return True
-        self._driver.wake()  # written with the other answers given meanwhile
+        self._runner.wake()  # written with the other answers given meanwhile
         return False
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> bool:
@@ -317,12 +317,12 @@ class Consumer(ClientBase):
         )
         if core.in_flight_count(conn_id) == 0:
             return True
-        self._driver.wake()
+        self._runner.wake()
         return False
 
     def _touch(self, message: Message) -> None:
         self._core.touch(message.conn_id, message.id, self._clock(), attempts=message.attempts)
-        self._driver.wake()
+        self._runner.wake()
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self
@@ -362,7 +362,7 @@ class Consumer(ClientBase):
                 message._responded = False
             raise
         self._core.finish_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
-        self._driver.wake()
+        self._runner.wake()
 
     async def touch_many(self, messages: Iterable[Message]) -> None:
         """TOUCH every message of ``messages`` (as ``await message.touch()`` on each), with
@@ -377,7 +377,7 @@ class Consumer(ClientBase):
             if message._responded:
                 raise LocalProtocolError(f"{message!r} has already been answered")
         self._core.touch_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
-        self._driver.wake()
+        self._runner.wake()
 
     async def run(self, handler: Handler, concurrency: int | None = None) -> None:
         """Handler style: returning FINishes, raising REQueues with backoff; at most
@@ -415,7 +415,7 @@ class Consumer(ClientBase):
                     message._responded = True
                     with suppress(NSQError):
                         self._requeue(message, 0.0, False)
-                        self._driver.wake()  # cancelled: the pump writes it
+                        self._runner.wake()  # cancelled: the pump writes it
                 raise
             except Exception:
                 log.exception("handler failed for message %r", message.id)
@@ -425,7 +425,7 @@ class Consumer(ClientBase):
                 if not message._responded:
                     message._responded = True  # what ``await message.finish()`` does
                     if self._finish(message):
-                        await self._driver.drain_here()
+                        await self._runner.drain_here()
 
     def is_starved(self) -> bool:
         return self._core.is_starved()
@@ -434,13 +434,13 @@ class Consumer(ClientBase):
         """Change max_in_flight (0 pauses the consumer); :meth:`run` then keeps it."""
         self._core.set_max_in_flight(max_in_flight, self._backend.current_time())
         self._max_in_flight_chosen = True
-        self._driver.wake()
+        self._runner.wake()
 
     def _make_room_for(self, handlers: int) -> None:
         """Raise max_in_flight to ``handlers`` (that many run at once) unless the user chose it."""
         if not self._max_in_flight_chosen and self._core.max_in_flight < handlers:
             self._core.set_max_in_flight(handlers, self._backend.current_time())
-            self._driver.wake()
+            self._runner.wake()
 
     def stats(self) -> ConsumerStats:
         """Counters and each connection's state, as a JSON-ready dict."""

@@ -16,14 +16,14 @@ from nsq_proto import Message as CoreMessage
 from ._backend import Backend, EventLike
 
 if TYPE_CHECKING:
-    from ._driver import Driver
+    from ._runner import CoreRunner
 
 
 class _Answers(Protocol):
     """What a message needs of the consumer that delivered it (:class:`Consumer`): its
-    answers go to the consumer's core, and out through its driver."""
+    answers go to the consumer's core, and out through its runner."""
 
-    _driver: Driver
+    _runner: CoreRunner
 
     def _finish(self, message: Message) -> bool: ...
 
@@ -140,14 +140,14 @@ class Message:
         self._mark()
         consumer = self._origin.consumer
         if consumer._finish(self):
-            await consumer._driver.drain_here()
+            await consumer._runner.drain_here()
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ; ``delay`` None grows with attempts; ``backoff`` counts it as a failure."""
         self._mark()
         consumer = self._origin.consumer
         if consumer._requeue(self, delay, backoff):
-            await consumer._driver.drain_here()
+            await consumer._runner.drain_here()
 
     async def touch(self) -> None:
         """TOUCH: nsqd's timeout for it (``msg_timeout``) starts again."""

@@ -87,8 +87,8 @@ class Producer(ClientBase):
                     await next(iter(self._waiters.values())).done.wait()
             self._core.close(backend.current_time())
             with backend.cancel_scope(deadline=backend.current_time() + 5.0):
-                await self._driver.flush()
-            await self._driver.aclose()
+                await self._runner.flush()
+            await self._runner.aclose()
 
     def _on_event(self, event: Event) -> None:
         if type(event) is PublishSucceeded:
@@ -107,7 +107,7 @@ class Producer(ClientBase):
         self._waiters[request_id] = waiter
         try:
             # written from this task: no hop to the pump task on the way out
-            await self._driver.drain_here()
+            await self._runner.drain_here()
             await waiter.done.wait()
         finally:
             self._waiters.pop(request_id, None)

@@ -12,8 +12,8 @@ from nsq_proto import RemoteProtocolError as RemoteProtocolError
 from nsq_proto import ServerError as ServerError
 from nsq_proto import TraceReceipt as TraceReceipt
 
-from ._driver import TransportError as TransportError
 from ._message import Message as Message
+from ._runner import TransportError as TransportError
 
 __all__ = [
     "AuthRequired",

@@ -8,7 +8,7 @@ order).  A stream may answer commands by itself (``replies``: the command's name
 bytes nsqd would send back), delivered from the backend's own task, as a server's bytes
 arrive from outside the client's tasks.
 
-Three kinds of stream, the three ways the driver writes and reads:
+Three kinds of stream, the three ways the runner writes and reads:
 
 - ``plain``: ``send`` and ``receive`` (a stream on trio, say);
 - ``nowait``: also ``send_nowait`` (:class:`nsq_client.NowaitStream`), which takes the bytes
@@ -416,7 +416,7 @@ def backend_protocol(backend: ScriptedBackend) -> Backend:
 
 class ScriptedCore:
     """A :class:`nsq_proto.ClientCore` whose outputs the test queues (``outputs``), and which
-    writes every call the driver makes into the backend's ``log``, beside what the backend
+    writes every call the runner makes into the backend's ``log``, beside what the backend
     did: ``("connection_made", "1", b"")``, ``("receive_data", "1", data)``, ...
     ``on_receive(conn_id, data)`` runs inside each ``receive_data`` (to queue its answers)."""
 

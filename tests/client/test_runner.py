@@ -1,7 +1,7 @@
-"""The driver (``nsq_client.Driver``) carries out a core's outputs on a backend: here the core
-is scripted (the test queues its outputs) and so is the network (``scripted.py``), and every
-test runs on the three kinds of stream (plain, ``send_nowait``, pushed reads) on asyncio and
-on trio."""
+"""The runner (``nsq_client.CoreRunner``) carries out a core's outputs on a backend: here
+the core is scripted (the test queues its outputs) and so is the network (``scripted.py``),
+and every test runs on the three kinds of stream (plain, ``send_nowait``, pushed reads) on
+asyncio and on trio."""
 
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ def kind(request: pytest.FixtureRequest) -> Kind:
 
 class Harness:
     def __init__(
-        self, backend: ScriptedBackend, core: ScriptedCore, driver: nsq_client.Driver
+        self, backend: ScriptedBackend, core: ScriptedCore, runner: nsq_client.CoreRunner
     ) -> None:
         self.backend = backend
         self.core = core
-        self.driver = driver
+        self.runner = runner
         self.events: list[Event] = []
 
     def after(self, entry: tuple[str, str, bytes]) -> list[tuple[str, str, bytes]]:
@@ -57,7 +57,7 @@ class Harness:
     def queue(self, *outputs: Any) -> None:
         """The core has these outputs now; the pump task carries them out."""
         self.core.queue(*outputs)
-        self.driver.wake()
+        self.runner.wake()
 
     async def connected(self, conn_id: int = 1, host: str = HOST) -> None:
         self.queue(Connect(conn_id, host, PORT, 5.0))
@@ -66,8 +66,8 @@ class Harness:
 
 
 @asynccontextmanager
-async def driven(kind: Kind, **options: Any) -> AsyncIterator[Harness]:
-    """A driver of a scripted core on a scripted network, its pump running in the block."""
+async def running(kind: Kind, **options: Any) -> AsyncIterator[Harness]:
+    """A runner of a scripted core on a scripted network, its pump running in the block."""
     backend = ScriptedBackend(kind)
     core = ScriptedCore(backend)
 
@@ -75,21 +75,21 @@ async def driven(kind: Kind, **options: Any) -> AsyncIterator[Harness]:
         harness.events.append(event)
         backend.log.append(("event", type(event).__name__, b""))
 
-    driver = nsq_client.Driver(backend_protocol(backend), as_core(core), on_event, **options)
-    harness = Harness(backend, core, driver)
+    runner = nsq_client.CoreRunner(backend_protocol(backend), as_core(core), on_event, **options)
+    harness = Harness(backend, core, runner)
     async with scripted_network(backend):
         async with anyio.create_task_group() as tg:
-            driver.start(tg)
+            runner.start(tg)
             yield harness
             tg.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
-            await driver.aclose()
+            await runner.aclose()
 
 
 async def test_a_connection_is_opened_and_reported_made_then_its_reads_are_fed_to_the_core(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         assert h.backend.log[:2] == [("connect", ADDRESS, b""), ("connection_made", "1", b"")]
         stream = h.backend.stream(ADDRESS)
@@ -106,7 +106,7 @@ async def test_a_connection_is_opened_and_reported_made_then_its_reads_are_fed_t
 
 
 async def test_the_outputs_are_carried_out_in_the_order_the_core_gave_them(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         h.queue(Send(1, b"one"), HeartbeatReceived(1), Send(1, b"two"), Close(1, "done"))
         await wait_until(lambda: h.backend.stream(ADDRESS).closed)
@@ -122,7 +122,7 @@ async def test_the_outputs_are_carried_out_in_the_order_the_core_gave_them(kind:
 async def test_the_outputs_of_a_read_are_carried_out_in_order_whichever_way_it_was_read(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
 
         def answer(conn_id: int, data: bytes) -> None:
@@ -143,7 +143,7 @@ async def test_the_outputs_of_a_read_are_carried_out_in_order_whichever_way_it_w
 async def test_a_drain_in_another_task_waits_until_its_bytes_queued_behind_a_write_are_written(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         stream = h.backend.stream(ADDRESS)
         stream.room = False  # send_nowait refuses: the write waits (in the pump task)
@@ -154,7 +154,7 @@ async def test_a_drain_in_another_task_waits_until_its_bytes_queued_behind_a_wri
 
         async def drain() -> None:
             h.core.queue(Send(1, b"second"), Send(1, b"third"))
-            await h.driver.drain_here()
+            await h.runner.drain_here()
             drained.set()
 
         async with anyio.create_task_group() as tg:
@@ -170,7 +170,7 @@ async def test_a_drain_in_another_task_waits_until_its_bytes_queued_behind_a_wri
 
 
 async def test_a_close_waits_for_the_write_under_way(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         stream = h.backend.stream(ADDRESS)
         stream.room = False
@@ -179,7 +179,7 @@ async def test_a_close_waits_for_the_write_under_way(kind: Kind) -> None:
         await wait_until(lambda: stream.sends_started == 1)
         async with anyio.create_task_group() as tg:
             h.core.queue(Close(1, "done"))
-            tg.start_soon(h.driver.drain_here)
+            tg.start_soon(h.runner.drain_here)
             await anyio.sleep(0.05)
             assert not stream.closed
             gate.set()
@@ -193,7 +193,7 @@ async def test_a_close_waits_for_the_write_under_way(kind: Kind) -> None:
 async def test_bytes_before_a_start_tls_go_out_before_the_handshake_and_those_after_on_tls(
     kind: Kind,
 ) -> None:
-    async with driven(kind, tls_hostname="nsqd.example") as h:
+    async with running(kind, tls_hostname="nsqd.example") as h:
         h.backend.after_handshake = None
         await h.connected()
         plain = h.backend.stream(ADDRESS)
@@ -220,7 +220,7 @@ async def test_bytes_before_a_start_tls_go_out_before_the_handshake_and_those_af
 async def test_what_arrives_after_the_read_that_asked_for_tls_is_left_to_the_handshake(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         h.backend.after_handshake = None
         await h.connected()
 
@@ -242,7 +242,7 @@ async def test_what_arrives_after_the_read_that_asked_for_tls_is_left_to_the_han
 async def test_the_handshake_checks_the_connected_host_unless_a_tls_hostname_is_given(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         h.queue(StartTLS(1))
         await wait_until(lambda: ("tls_established", "1", b"") in h.backend.log)
@@ -250,7 +250,7 @@ async def test_the_handshake_checks_the_connected_host_unless_a_tls_hostname_is_
 
 
 async def test_bytes_that_came_with_the_start_tls_close_the_connection(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         h.queue(StartTLS(1, b"\x16\x03"))
         await wait_until(lambda: 1 in h.core.lost)
@@ -263,7 +263,7 @@ async def test_bytes_that_came_with_the_start_tls_close_the_connection(kind: Kin
 
 
 async def test_a_refused_handshake_is_a_permanent_transport_error(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         refusal = ssl.SSLCertVerificationError(1, "certificate verify failed")
         h.backend.tls_failure = refusal
@@ -280,7 +280,7 @@ async def test_a_refused_handshake_is_a_permanent_transport_error(kind: Kind) ->
 async def test_a_handshake_cut_by_the_network_is_a_transport_error_worth_retrying(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected()
         cut = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
         h.backend.tls_failure = cut
@@ -296,7 +296,7 @@ async def test_an_alert_on_the_first_read_after_the_handshake_is_a_refusal(kind:
     """TLS 1.3: nsqd refuses a client certificate only after the client's side of the
     handshake is done, so the refusal comes as the first read's error (read in a task, or
     handed over by a pushing stream)."""
-    async with driven(kind) as h:
+    async with running(kind) as h:
         h.backend.after_handshake = None
         await h.connected()
         h.queue(StartTLS(1))
@@ -311,7 +311,7 @@ async def test_an_alert_on_the_first_read_after_the_handshake_is_a_refusal(kind:
 
 
 async def test_the_same_alert_after_a_read_is_only_the_connection_failing(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         h.backend.after_handshake = None
         await h.connected()
         h.queue(StartTLS(1))
@@ -328,7 +328,7 @@ async def test_the_same_alert_after_a_read_is_only_the_connection_failing(kind: 
 async def test_a_failed_write_is_reported_once_the_peer_s_last_words_are_read(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await h.connected(1)
         await h.connected(2, host="nsqd2")
         failing = h.backend.stream(ADDRESS)
@@ -351,7 +351,7 @@ async def test_a_failed_write_is_reported_once_the_peer_s_last_words_are_read(
 
 
 async def test_a_write_slower_than_the_write_timeout_closes_its_connection(kind: Kind) -> None:
-    async with driven(kind, write_timeout=0.1) as h:
+    async with running(kind, write_timeout=0.1) as h:
         await h.connected()
         stream = h.backend.stream(ADDRESS)
         stream.room = False
@@ -365,7 +365,7 @@ async def test_a_write_slower_than_the_write_timeout_closes_its_connection(kind:
 
 
 async def test_a_refused_connection_is_reported_lost_with_the_reason(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         h.backend.refused.add(ADDRESS)
         h.queue(Connect(1, HOST, PORT, 5.0))
         await wait_until(lambda: 1 in h.core.lost)
@@ -379,7 +379,7 @@ async def test_a_refused_connection_is_reported_lost_with_the_reason(kind: Kind)
 async def test_an_http_request_is_sent_and_its_response_fed_to_the_core_to_its_end(
     kind: Kind,
 ) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         h.queue(HttpRequest(7, "lookupd", 4161, b"GET /lookup?topic=t HTTP/1.1\r\n\r\n", 5.0))
         await wait_until(lambda: h.backend.connections_to("lookupd:4161") == 1)
         stream = h.backend.stream("lookupd:4161")
@@ -394,7 +394,7 @@ async def test_an_http_request_is_sent_and_its_response_fed_to_the_core_to_its_e
 
 
 async def test_a_refused_http_request_fails_with_a_connection_refused_error(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         h.backend.refused.add("lookupd:4161")
         h.queue(HttpRequest(7, "lookupd", 4161, b"GET / HTTP/1.1\r\n\r\n", 5.0))
         await wait_until(lambda: 7 in h.core.http_errors)
@@ -404,23 +404,23 @@ async def test_a_refused_http_request_fails_with_a_connection_refused_error(kind
 
 
 async def test_the_pump_calls_the_core_s_timer_once_its_deadline_has_come(kind: Kind) -> None:
-    async with driven(kind) as h:
+    async with running(kind) as h:
         await wait_until(lambda: h.core.timer_calls != [])
         deadline = anyio.current_time() + 0.05
         h.core.deadline = deadline
-        h.driver.wake()
+        h.runner.wake()
         await wait_until(lambda: h.core.deadline is None)
         assert max(h.core.timer_calls) >= deadline
 
 
-async def test_an_error_the_application_raises_on_a_read_ends_the_driver_s_tasks_with_it(
+async def test_an_error_the_application_raises_on_a_read_ends_the_runner_s_tasks_with_it(
     kind: Kind,
 ) -> None:
     class Boom(Exception):
         pass
 
     with pytest.raises(BaseException) as raised:
-        async with driven(kind) as h:
+        async with running(kind) as h:
             await h.connected()
 
             def answer(conn_id: int, data: bytes) -> None:

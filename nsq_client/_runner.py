@@ -1,10 +1,10 @@
-"""The pump: carries out a sans-IO core's outputs on a :class:`~nsq_client.Backend`.
+"""The core's runner: carries out a sans-IO core's outputs on a :class:`~nsq_client.Backend`.
 
 It makes no protocol decision: it connects, writes, starts TLS, closes and reads when the core
 says so, feeds the core bytes and the loop's time, and sleeps until the core's next deadline.
 
-Three pieces: :class:`Driver` carries out the core's outputs, all of them in one place
-(:meth:`Driver._carry_out`, from a task or from a callback of the loop), and keeps the
+Three pieces: :class:`CoreRunner` carries out the core's outputs, all of them in one place
+(:meth:`CoreRunner._carry_out`, from a task or from a callback of the loop), and keeps the
 connections; each connection (:class:`_Link`) has a :class:`_Writer`, which puts the core's
 bytes on its stream in order, one write at a time, and a :class:`_Reader`, which feeds what
 the stream reads (or hands over) to the core and carries out the TLS upgrade.
@@ -21,7 +21,7 @@ from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, NSQError, 
 
 from ._backend import Backend, EventLike, PushStream, ScopeLike, Stream, TaskGroupLike
 
-__all__ = ["Driver", "TransportError"]
+__all__ = ["CoreRunner", "TransportError"]
 
 
 class TransportError(NSQError, ConnectionError):
@@ -48,7 +48,7 @@ class _Link:
 
     __slots__ = ("closed", "conn_id", "host", "port", "reader", "stream", "writer")
 
-    def __init__(self, driver: Driver, conn_id: int, host: str, port: int) -> None:
+    def __init__(self, runner: CoreRunner, conn_id: int, host: str, port: int) -> None:
         self.conn_id = conn_id
         self.host = host
         self.port = port
@@ -56,8 +56,8 @@ class _Link:
         self.stream: Stream | None = None
         #: the core closed it, or it was lost: nothing more is written or read
         self.closed = False
-        self.writer = _Writer(driver, self)
-        self.reader = _Reader(driver, self)
+        self.writer = _Writer(runner, self)
+        self.reader = _Reader(runner, self)
 
 
 class _Writer:
@@ -72,10 +72,10 @@ class _Writer:
     than ``write_timeout`` closes the connection at once.
     """
 
-    __slots__ = ("_driver", "_link", "_nowait", "busy", "error", "held", "pending")
+    __slots__ = ("_link", "_nowait", "_runner", "busy", "error", "held", "pending")
 
-    def __init__(self, driver: Driver, link: _Link) -> None:
-        self._driver = driver
+    def __init__(self, runner: CoreRunner, link: _Link) -> None:
+        self._runner = runner
         self._link = link
         #: the stream's ``send_nowait``, when it has one (see :class:`NowaitStream`)
         self._nowait: Callable[[bytes], bool] | None = None
@@ -106,12 +106,12 @@ class _Writer:
             try:
                 if nowait(data):
                     return True
-            except self._driver._write_failures as exc:
+            except self._runner._write_failures as exc:
                 # the peer closed or reset: the reader reports it once it read what came first
                 self.error = exc
                 return True
         self.pending.append(data)
-        self.busy = self._driver.backend.event()
+        self.busy = self._runner.backend.event()
         return False
 
     async def write(self) -> None:
@@ -122,9 +122,9 @@ class _Writer:
         link = self._link
         stream = link.stream
         assert done is not None and stream is not None
-        driver = self._driver
-        backend = driver.backend
-        timeout = driver._write_timeout
+        runner = self._runner
+        backend = runner.backend
+        timeout = runner._write_timeout
         pending = self.pending
         try:
             while True:
@@ -132,7 +132,7 @@ class _Writer:
                 pending.clear()
                 # once taken from the core, bytes must reach the socket even if this task is
                 # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
-                with backend.cancel_scope(deadline=driver._clock() + timeout, shield=True) as scope:
+                with backend.cancel_scope(deadline=runner._clock() + timeout, shield=True) as scope:
                     await stream.send(data)
                 if getattr(scope, "cancelled_caught", False):
                     # part of a command may be on the wire: the connection cannot go on
@@ -141,11 +141,11 @@ class _Writer:
                     )
                 if not pending or self.held:
                     break
-        except driver._write_failures as exc:
+        except runner._write_failures as exc:
             self.busy = None
             done.set()
             if isinstance(exc, TransportError):
-                await driver._lost(link, exc)  # too slow: the peer may be frozen, close now
+                await runner._lost(link, exc)  # too slow: the peer may be frozen, close now
             else:
                 # the peer closed or reset: its last words (an error frame) may be unread
                 # yet; the reader reaches the end of the stream at once and reports this
@@ -160,7 +160,7 @@ class _Writer:
         self._nowait = getattr(self._link.stream, "send_nowait", None)
         self.held = False
         if self.pending and self.busy is None:
-            self.busy = self._driver.backend.event()
+            self.busy = self._runner.backend.event()
             await self.write()
 
 
@@ -177,18 +177,18 @@ class _Reader:
 
     __slots__ = (
         "_done",
-        "_driver",
         "_end_error",
         "_ended",
         "_failure",
         "_link",
+        "_runner",
         "_scope",
         "tls_fresh",
         "upgrading",
     )
 
-    def __init__(self, driver: Driver, link: _Link) -> None:
-        self._driver = driver
+    def __init__(self, runner: CoreRunner, link: _Link) -> None:
+        self._runner = runner
         self._link = link
         #: the scope of the read (or the handshake) under way, to cancel it
         self._scope: ScopeLike | None = None
@@ -222,9 +222,9 @@ class _Reader:
     async def run(self) -> None:
         """Read until the connection is over (the connection's task)."""
         link = self._link
-        driver = self._driver
-        backend = driver.backend
-        core = driver.core
+        runner = self._runner
+        backend = runner.backend
+        core = runner.core
         while not link.closed:
             if self.upgrading:
                 if not await self._upgrade():
@@ -252,9 +252,9 @@ class _Reader:
                 await self._end(None)
                 return
             self.tls_fresh = False
-            core.receive_data(link.conn_id, data, driver._clock())
+            core.receive_data(link.conn_id, data, runner._clock())
             # the events and answers of these bytes, from this task: one hop less
-            await driver.drain_here()
+            await runner.drain_here()
 
     async def _end(self, error: BaseException | None) -> None:
         """The stream ended (``error`` None: cleanly): the connection is lost, with the
@@ -263,12 +263,12 @@ class _Reader:
         else a write the peer refused, else the stream's own."""
         link = self._link
         refused = self._refusal(error) if error is not None and self.tls_fresh else None
-        await self._driver._lost(link, refused or link.writer.error or error)
+        await self._runner._lost(link, refused or link.writer.error or error)
 
     async def _pushed_reads(self, stream: PushStream) -> bool:
         """Let ``stream`` hand reads over (:meth:`_pushed`) until its end, a close or a TLS
         upgrade; False once the connection is over."""
-        backend = self._driver.backend
+        backend = self._runner.backend
         self._done = done = backend.event()
         try:
             with backend.cancel_scope() as scope:
@@ -292,10 +292,10 @@ class _Reader:
         if link.closed:
             return
         self.tls_fresh = False
-        driver = self._driver
+        runner = self._runner
         try:
-            driver.core.receive_data(link.conn_id, data, driver._clock())
-            driver._drain_now()
+            runner.core.receive_data(link.conn_id, data, runner._clock())
+            runner._drain_now()
         except Exception as exc:
             # raised in the connection's task, as a read there would (not into the loop)
             self._failure = exc
@@ -314,17 +314,17 @@ class _Reader:
         over."""
         link = self._link
         writer = link.writer
-        driver = self._driver
-        backend = driver.backend
+        runner = self._runner
+        backend = runner.backend
         assert link.stream is not None
         if writer.busy is not None:
             # the write that carried IDENTIFY may still be returning (nsqd answered first):
             # the handshake writes on the same stream, after it (new bytes are held back)
             await writer.busy.wait()
-        context = driver._ssl_context
+        context = runner._ssl_context
         if context is None:
             context = backend.default_ssl_context()
-        hostname = driver._tls_hostname or link.host
+        hostname = runner._tls_hostname or link.host
         upgraded: Stream | None = None
         # cancellable like a read: the core closes a link whose handshake takes too long
         with backend.cancel_scope() as scope:
@@ -341,7 +341,7 @@ class _Reader:
                         f"TLS handshake with {link.host}:{link.port} failed: {exc}"
                     )
                     error.__cause__ = exc
-                await driver._lost(link, error)
+                await runner._lost(link, error)
                 return False
             self._scope = None
         if upgraded is None:
@@ -349,15 +349,15 @@ class _Reader:
         link.stream = upgraded
         self.upgrading = False
         self.tls_fresh = True
-        driver.core.tls_established(link.conn_id, backend.current_time())
+        runner.core.tls_established(link.conn_id, backend.current_time())
         await writer.release()
-        driver.wake()
+        runner.wake()
         return True
 
     def _refusal(self, exc: BaseException) -> TransportError | None:
         """A TLS error in ``exc``'s chain as a permanent TransportError (the handshake was
         refused), or None."""
-        backend = self._driver.backend
+        backend = self._runner.backend
         tls = _find(exc, backend.tls_errors)
         if tls is None or isinstance(tls, backend.transient_tls_errors):
             return None
@@ -369,8 +369,9 @@ class _Reader:
         return error
 
 
-class Driver:
-    """Carries out a core's outputs and feeds it bytes and the loop's time.
+class CoreRunner:
+    """Runs a sans-IO core on a backend: carries out its outputs over the backend's streams
+    and feeds it bytes and the loop's time.
 
     Makes no protocol decision: it connects, writes, starts TLS, closes and reads when the
     core says so, and sleeps until the core's next deadline.  Call :meth:`wake` after every
