@@ -35,7 +35,7 @@ from ._nsqd import Nsqd
 from ._options import FIXED_EPOCH, PARTITIONED_VERSION, STANDARD_VERSION
 from ._util import go_json, http_date
 
-__all__ = ["Coordinator", "Lookupd", "Peer"]
+__all__ = ["Coordinator", "Lookupd", "RegisteredNsqd"]
 
 _Key = tuple[str, str, str]
 #: path -> method -> (handler, plain text, version-negotiated)
@@ -43,8 +43,10 @@ _Routes = dict[str, dict[str, tuple[Any, bool, bool]]]
 
 
 @dataclass(eq=False)
-class Peer:
-    """An nsqd as nsqlookupd knows it (its lookupd connection and identify data)."""
+class RegisteredNsqd:
+    """An nsqd as this nsqlookupd knows it: its lookupd connection, identify data and
+    tombstones (nsqlookupd's ``Producer``).  Not :class:`nsq_proto.RegisteredNsqd`, which is an entry of
+    a lookup's answer as a client parses it."""
 
     id: str
     nsqd: Nsqd
@@ -137,14 +139,14 @@ class Lookupd:
         self.running = True
         #: HTTP requests answered (to check how hard clients poll)
         self.request_count = 0
-        self._registrations: dict[_Key, dict[str, Peer]] = {}
-        self._peers: dict[str, Peer] = {}
-        self._by_nsqd: dict[int, Peer] = {}
+        self._registrations: dict[_Key, dict[str, RegisteredNsqd]] = {}
+        self._connected: dict[str, RegisteredNsqd] = {}
+        self._by_nsqd: dict[int, RegisteredNsqd] = {}
         self._next_port = 40000
         self._now = 0.0
 
     def __repr__(self) -> str:
-        return f"<Lookupd {self.broadcast_address}:{self.http_port} peers={len(self._peers)}>"
+        return f"<Lookupd {self.broadcast_address}:{self.http_port} peers={len(self._connected)}>"
 
     # -- registration -----------------------------------------------------------------------------
 
@@ -154,92 +156,92 @@ class Lookupd:
         if not self._fixed_offset:
             self.wall_clock_offset = unix_time - now
 
-    def register(self, nsqd: Nsqd, *, remote_address: str | None = None) -> Peer:
+    def register(self, nsqd: Nsqd, *, remote_address: str | None = None) -> RegisteredNsqd:
         """Connect ``nsqd`` to this lookupd: it registers now and on every change."""
         if id(nsqd) in self._by_nsqd:
             return self._by_nsqd[id(nsqd)]
         if remote_address is None:
             remote_address = f"{nsqd.options.broadcast_address}:{self._next_port}"
             self._next_port += 1
-        peer = Peer(remote_address, nsqd, remote_address)
-        self._by_nsqd[id(nsqd)] = peer
+        registered = RegisteredNsqd(remote_address, nsqd, remote_address)
+        self._by_nsqd[id(nsqd)] = registered
         if self not in nsqd.lookupds:
             nsqd.lookupds.append(self)
         if nsqd.running:
-            self._connect(peer)
-        return peer
+            self._connect(registered)
+        return registered
 
     def unregister(self, nsqd: Nsqd) -> None:
-        peer = self._by_nsqd.pop(id(nsqd), None)
-        if peer is not None:
-            self._disconnect(peer)
+        registered = self._by_nsqd.pop(id(nsqd), None)
+        if registered is not None:
+            self._disconnect(registered)
         if self in nsqd.lookupds:
             nsqd.lookupds.remove(self)
 
-    def _connect(self, peer: Peer) -> None:
-        self._peers[peer.id] = peer
-        self._add(("client", "", ""), peer)
-        for name, _partition in list(peer.nsqd.topics):
-            self.nsqd_changed(peer.nsqd, name, None, True)
-        for topic in list(peer.nsqd.topics.values()):
+    def _connect(self, registered: RegisteredNsqd) -> None:
+        self._connected[registered.id] = registered
+        self._add(("client", "", ""), registered)
+        for name, _partition in list(registered.nsqd.topics):
+            self.nsqd_changed(registered.nsqd, name, None, True)
+        for topic in list(registered.nsqd.topics.values()):
             for channel in topic.channels:
-                self.nsqd_changed(peer.nsqd, topic.name, channel, True)
+                self.nsqd_changed(registered.nsqd, topic.name, channel, True)
 
-    def _disconnect(self, peer: Peer) -> None:
-        self._peers.pop(peer.id, None)
+    def _disconnect(self, registered: RegisteredNsqd) -> None:
+        self._connected.pop(registered.id, None)
         for producers in self._registrations.values():
-            producers.pop(peer.id, None)
+            producers.pop(registered.id, None)
         if not self._registrations.get(("client", "", ""), True):
             del self._registrations[("client", "", "")]
 
     def nsqd_changed(self, nsqd: object, topic: str, channel: str | None, added: bool) -> None:
         """nsqd's REGISTER / UNREGISTER (called by the emulated nsqd)."""
-        peer = self._by_nsqd.get(id(nsqd))
-        if peer is None or peer.id not in self._peers:
+        registered = self._by_nsqd.get(id(nsqd))
+        if registered is None or registered.id not in self._connected:
             return
         if added:
             if channel is not None:
-                self._add(("channel", topic, channel), peer)
-            self._add(("topic", topic, ""), peer)
+                self._add(("channel", topic, channel), registered)
+            self._add(("topic", topic, ""), registered)
             return
         if channel is not None:
             key = ("channel", topic, channel)
-            left = self._remove(key, peer)
+            left = self._remove(key, registered)
             if left == 0 and channel.endswith("#ephemeral"):
                 self._registrations.pop(key, None)
             return
         for key in [k for k in self._registrations if k[0] == "channel" and k[1] == topic]:
-            self._remove(key, peer)
+            self._remove(key, registered)
         key = ("topic", topic, "")
-        removed = peer.id in self._registrations.get(key, {})
-        left = self._remove(key, peer)
+        removed = registered.id in self._registrations.get(key, {})
+        left = self._remove(key, registered)
         if removed and left == 0 and topic.endswith("#ephemeral"):
             self._registrations.pop(key, None)
 
     def nsqd_stopped(self, nsqd: object) -> None:
-        peer = self._by_nsqd.get(id(nsqd))
-        if peer is not None:
-            self._disconnect(peer)
+        registered = self._by_nsqd.get(id(nsqd))
+        if registered is not None:
+            self._disconnect(registered)
 
     def nsqd_started(self, nsqd: object) -> None:
-        peer = self._by_nsqd.get(id(nsqd))
-        if peer is not None:
-            self._connect(peer)
+        registered = self._by_nsqd.get(id(nsqd))
+        if registered is not None:
+            self._connect(registered)
 
-    def _add(self, key: _Key, peer: Peer) -> None:
-        self._registrations.setdefault(key, {})[peer.id] = peer
+    def _add(self, key: _Key, registered: RegisteredNsqd) -> None:
+        self._registrations.setdefault(key, {})[registered.id] = registered
 
-    def _remove(self, key: _Key, peer: Peer) -> int:
+    def _remove(self, key: _Key, registered: RegisteredNsqd) -> int:
         producers = self._registrations.get(key)
         if producers is None:
             return 0
-        producers.pop(peer.id, None)
+        producers.pop(registered.id, None)
         return len(producers)
 
     # -- queries ----------------------------------------------------------------------------------
 
-    def _tombstoned(self, peer: Peer, topic: str, now: float) -> bool:
-        at = peer.tombstones.get(topic)
+    def _tombstoned(self, registered: RegisteredNsqd, topic: str, now: float) -> bool:
+        at = registered.tombstones.get(topic)
         return at is not None and now - at < self.tombstone_lifetime
 
     def topics(self) -> list[str]:
@@ -254,11 +256,11 @@ class Lookupd:
             names.update(self.cluster.topic_channels(topic))
         return sorted(names)
 
-    def producers(self, topic: str, now: float | None = None) -> list[Peer]:
+    def producers(self, topic: str, now: float | None = None) -> list[RegisteredNsqd]:
         """Active, not tombstoned producers of ``topic`` (``None`` if it is not registered)."""
         t = self._now if now is None else now
-        peers = self._registrations.get(("topic", topic, ""), {})
-        return [p for p in peers.values() if not self._tombstoned(p, topic, t)]
+        found = self._registrations.get(("topic", topic, ""), {})
+        return [p for p in found.values() if not self._tombstoned(p, topic, t)]
 
     def has_topic(self, topic: str) -> bool:
         return ("topic", topic, "") in self._registrations
@@ -376,16 +378,16 @@ class Lookupd:
 
     def _nodes(self, req: Request, now: float) -> dict[str, Any]:
         nodes = []
-        for peer in self._peers.values():
+        for registered in self._connected.values():
             topics = sorted(
                 k[1]
                 for k, producers in self._registrations.items()
-                if k[0] == "topic" and peer.id in producers
+                if k[0] == "topic" and registered.id in producers
             )
-            info = peer.info()
+            info = registered.info()
             if self.partitioned and self.cluster is not None:
-                info.update(self.cluster.node_info(peer.nsqd))
-            info["tombstones"] = [self._tombstoned(peer, t, now) for t in topics]
+                info.update(self.cluster.node_info(registered.nsqd))
+            info["tombstones"] = [self._tombstoned(registered, t, now) for t in topics]
             info["topics"] = topics
             nodes.append(info)
         return {"producers": nodes}
@@ -474,10 +476,10 @@ class Lookupd:
         node = req.get("node")
         if node is None:
             raise HttpError(400, "MISSING_ARG_NODE")
-        for peer in self._registrations.get(("topic", topic, ""), {}).values():
-            o = peer.nsqd.options
+        for registered in self._registrations.get(("topic", topic, ""), {}).values():
+            o = registered.nsqd.options
             if f"{o.broadcast_address}:{o.http_port}" == node:
-                peer.tombstones[topic] = now
+                registered.tombstones[topic] = now
 
     def _listlookup(self, req: Request, now: float) -> Any:
         return None if self.cluster is None else self.cluster.listlookup()
