@@ -1,6 +1,6 @@
 """The fault scenarios of ``_scenarios.py`` against the emulator on loopback (they run
 everywhere; ``test_real_faults.py`` runs them against real nsqd).  A frozen nsqd is covered
-on the virtual clock in ``tests/core_x_emulator/test_recovery.py``."""
+on the virtual clock in ``tests/proto/test_consumer_x_emulator.py``."""
 
 from __future__ import annotations
 

@@ -3,5 +3,5 @@
 from the binaries the environment names (``tests/support/servers.py``,
 ``tests/support/partitioned.py``).  Skipped without them; failed instead under
 ``--require-real-servers``.  Elsewhere, beside the tests they twin: the start-from scenarios
-(``tests/core_x_emulator/test_start_from.py``), the fault suite (``tests/faults``), and some
+(``tests/proto/test_start_from.py``), the fault suite (``tests/faults``), and some
 tests of the command line (``tests/cli``), the benchmarks and the Spark source and sink."""

@@ -3,8 +3,8 @@ nsqlookupd, and etcd with the v2 API; ``tests/support/partitioned.py``), on loop
 
 Runs when ``NSQD_PARTITIONED``, ``NSQLOOKUPD_PARTITIONED`` and ``ETCD`` point at the binaries;
 skipped otherwise, with the reason.  The emulator twins of these scenarios run everywhere
-(``tests/core_x_emulator/test_publish_retries.py``, ``test_ext_filter.py``); the start-from
-scenarios are in ``tests/core_x_emulator/test_start_from.py``, beside their emulator twins.
+(``tests/proto/test_producer_x_emulator.py``, ``test_ext_filter.py``); the start-from
+scenarios are in ``tests/proto/test_start_from.py``, beside their emulator twins.
 """
 
 from __future__ import annotations
