@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 from nsq_emulator.frames import encode_message_data
-from nsq_proto import Connection, ConnectionConfig, ConnectionState, Event, Output, Send
+from nsq_proto import (
+    Connect,
+    Connection,
+    ConnectionConfig,
+    ConnectionState,
+    Consumer,
+    ConsumerConfig,
+    Event,
+    HttpRequest,
+    Output,
+    Producer,
+    ProducerConfig,
+    Send,
+)
 from nsq_proto.wire import encode_frame
 
 IDENTIFY_JSON: dict[str, Any] = {
@@ -77,3 +91,80 @@ def subscribed_connection(now: float = 0.0, **config: Any) -> Connection:
     conn.receive_data(response(b"OK"), now)
     conn.outputs()
     return conn
+
+
+def sent_on(outputs: list[Output], conn_id: int) -> bytes:
+    return b"".join(o.data for o in outputs if isinstance(o, Send) and o.conn_id == conn_id)
+
+
+def of_type(outputs: list[Output], kind: type[Any]) -> list[Any]:
+    return [o for o in outputs if isinstance(o, kind)]
+
+
+def consumer(n: int = 1, **config: Any) -> tuple[Consumer, list[int]]:
+    """A consumer subscribed on ``n`` nsqd (RDY sent), its outputs drained."""
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(**config),
+        nsqd_tcp_addresses=[f"10.0.0.{i}:4150" for i in range(n)],
+        rng=random.Random(7),
+    )
+    core.start(0.0)
+    conns = [o.conn_id for o in core.outputs() if isinstance(o, Connect)]
+    for c in conns:
+        core.connection_made(c, 0.0)
+        core.receive_data(c, identify_response(), 0.0)
+        core.receive_data(c, response(b"OK"), 0.0)
+    core.outputs()
+    return core, conns
+
+
+def producer(**config: Any) -> tuple[Producer, int]:
+    """A producer with one ready connection to one nsqd, its outputs drained."""
+    core = Producer(ProducerConfig(**config), nsqd_tcp_addresses=["n1:4150"], rng=random.Random(0))
+    core.start(0.0)
+    (connect,) = of_type(core.outputs(), Connect)
+    core.connection_made(connect.conn_id, 0.0)
+    core.receive_data(connect.conn_id, identify_response(), 0.0)
+    core.outputs()
+    return core, connect.conn_id
+
+
+def http_response(body: bytes, status: bytes = b"200 OK") -> bytes:
+    head = f"HTTP/1.1 {status.decode()}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return head.encode() + body
+
+
+def peer(host: str) -> str:
+    return (
+        f'{{"id":"{host}","remote_address":"{host}","hostname":"{host}",'
+        f'"broadcast_address":"{host}","tcp_port":4150,"http_port":4151,'
+        f'"version":"0.3.7-HA.1.13.0","distributed_id":""}}'
+    )
+
+
+PARTITIONED_LOOKUP = (
+    '{"status_code":200,"status_txt":"OK","data":{"channels":[],"meta":{"partition_num":2,'
+    '"replica":1,"extend_support":false,"ordered":false,"multi_part":false,'
+    '"disable_channel_auto_create":false},"producers":[],"partitions":{'
+    f'"0":{peer("n1")},"1":{peer("n2")}}}}}}}'
+).encode()
+
+
+def standard_lookup(*hosts: str) -> bytes:
+    producers = ",".join(
+        f'{{"remote_address":"{h}:1","hostname":"{h}","broadcast_address":"{h}",'
+        f'"tcp_port":4150,"http_port":4151,"version":"1.3.0"}}'
+        for h in hosts
+    )
+    return f'{{"channels":["c"],"producers":[{producers}]}}'.encode()
+
+
+def requests_by_target(outputs: list[Output]) -> dict[tuple[str, str], HttpRequest]:
+    """HttpRequest outputs by (host, the request line's path without the query)."""
+    found = {}
+    for o in of_type(outputs, HttpRequest):
+        path = o.data.split(b" ", 2)[1].split(b"?")[0].decode()
+        found[(o.host, path)] = o
+    return found

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from nsq_proto import (
     ConnectionConfig,
     ConnectionState,
     ErrorReceived,
+    HandshakeTimeout,
     HeartbeatReceived,
     LocalProtocolError,
     MessageReceived,
@@ -38,9 +41,11 @@ from .helpers import (
     identify_response,
     message,
     mid,
+    of_type,
     ready_connection,
     response,
     sent,
+    sent_on,
     state_of,
     subscribed_connection,
 )
@@ -544,3 +549,148 @@ def test_on_standard_nsqd_a_publish_error_stays_fatal() -> None:
     out = conn.outputs()
     assert isinstance(out[1], PublishFailed) and out[1].request_id == r1
     assert conn.state is ConnectionState.CLOSED
+
+
+def test_handshake_timeout_closes_a_connection_nsqd_never_answers() -> None:
+    conn = Connection(ConnectionConfig(handshake_timeout=2.0), conn_id=5)
+    conn.connection_made(10.0)
+    assert sent_on(conn.outputs(), 5).startswith(cmd.MAGIC_V2 + b"IDENTIFY\n")
+    assert conn.next_deadline() == 12.0  # before the read timeout (60 s)
+    conn.handle_timer(11.9)
+    assert conn.outputs() == []
+    conn.handle_timer(12.0)
+    close, closed = conn.outputs()
+    assert close == Close(5, "handshake timeout")
+    assert isinstance(closed, ConnectionClosed) and closed.reason == "handshake timeout"
+    assert isinstance(closed.error, HandshakeTimeout)
+    assert str(closed.error) == (
+        "nsqd did not complete the handshake within 2.0 s (stuck in IDENTIFYING)"
+    )
+    assert conn.state is ConnectionState.CLOSED and conn.next_deadline() is None
+
+
+def test_tls_upgrade_hands_over_the_bytes_that_belong_to_tls() -> None:
+    conn = Connection(ConnectionConfig(tls_v1=True), conn_id=3)
+    conn.connection_made(0.0)
+    body = sent_on(conn.outputs(), 3)
+    assert b'"tls_v1":true' in body
+    record = b"\x16\x03\x03\x00\x05hello"  # the server's first TLS record, read with the answer
+    conn.receive_data(identify_response(tls_v1=True) + record, 0.1)
+    assert conn.outputs() == [StartTLS(3, record)]
+    assert state_of(conn) is ConnectionState.TLS_HANDSHAKE
+    with pytest.raises(LocalProtocolError, match="receive_data in state TLS_HANDSHAKE"):
+        conn.receive_data(b"more", 0.2)
+    conn.tls_established(0.3)
+    assert state_of(conn) is ConnectionState.TLS_RESPONSE
+    with pytest.raises(LocalProtocolError, match="tls_established in state TLS_RESPONSE"):
+        conn.tls_established(0.3)
+    conn.receive_data(response(b"OK"), 0.4)
+    (ready,) = conn.outputs()
+    assert isinstance(ready, Ready) and ready.features.tls_v1
+    assert state_of(conn) is ConnectionState.READY
+
+
+def test_tls_must_be_confirmed_with_ok() -> None:
+    conn = Connection(ConnectionConfig(tls_v1=True), conn_id=3)
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(tls_v1=True), 0.0)
+    conn.outputs()
+    conn.tls_established(0.1)
+    with pytest.raises(RemoteProtocolError, match="expected OK after the TLS handshake"):
+        conn.receive_data(response(b"NOPE"), 0.2)
+    outputs = conn.outputs()
+    assert of_type(outputs, Close) and of_type(outputs, ConnectionClosed)
+
+
+@pytest.mark.parametrize(
+    ("features", "says"),
+    [
+        ({"tls_v1": True}, "nsqd enabled TLS, which was not asked for"),
+        ({"snappy": True}, "nsqd enabled snappy, which was not asked for"),
+        ({"deflate": True}, "nsqd enabled deflate, which was not asked for"),
+    ],
+)
+def test_features_that_were_not_asked_for_fail_the_connection(
+    features: dict[str, Any], says: str
+) -> None:
+    conn = Connection(conn_id=1)
+    conn.connection_made(0.0)
+    conn.outputs()
+    with pytest.raises(RemoteProtocolError, match=says):
+        conn.receive_data(identify_response(**features), 0.0)
+    close, closed = conn.outputs()
+    assert close == Close(1, f"protocol error: {says}")
+    assert isinstance(closed, ConnectionClosed) and isinstance(closed.error, RemoteProtocolError)
+
+
+def test_transport_calls_in_the_wrong_state_are_local_errors() -> None:
+    conn = Connection()
+    with pytest.raises(LocalProtocolError, match="receive_data in state INIT"):
+        conn.receive_data(b"x", 0.0)
+    with pytest.raises(LocalProtocolError, match="tls_established in state INIT"):
+        conn.tls_established(0.0)
+    conn.connection_made(0.0)
+    with pytest.raises(LocalProtocolError, match="connection_made in state IDENTIFYING"):
+        conn.connection_made(0.0)
+
+
+@pytest.mark.parametrize(
+    ("setup", "answer", "says"),
+    [
+        (lambda c: None, b"OK", "unexpected response frame b'OK'"),
+        (lambda c: c.publish("t", b"x"), b"E?", "expected OK to a publish, got b'E?'"),
+        (lambda c: c.subscribe("t", "c"), b"NO", "expected OK to SUB, got b'NO'"),
+    ],
+)
+def test_answers_that_match_no_request_fail_the_connection(
+    setup: Any, answer: bytes, says: str
+) -> None:
+    conn = ready_connection()
+    setup(conn)
+    conn.outputs()
+    with pytest.raises(RemoteProtocolError) as info:
+        conn.receive_data(response(answer), 1.0)
+    assert str(info.value) == says
+    assert conn.state is ConnectionState.CLOSED
+
+
+def test_cls_must_be_answered_with_close_wait() -> None:
+    conn = ready_connection()
+    conn.subscribe("t", "c")
+    conn.receive_data(response(b"OK"), 0.0)
+    conn.start_close()
+    assert sent_on(conn.outputs(), 0).endswith(b"CLS\n")
+    with pytest.raises(RemoteProtocolError, match="expected CLOSE_WAIT to CLS, got b'OK'"):
+        conn.receive_data(response(b"OK"), 0.1)
+
+
+def test_traced_publish_answers_with_its_receipt_and_requests_are_counted() -> None:
+    conn = ready_connection()
+    receipt = TraceReceipt(internal_id=7, trace_id=42, queue_offset=1024, raw_size=30)
+    rid = conn.publish_encoded(cmd.pub_trace("t", 42, b"body"), traced=True)
+    plain = conn.publish_encoded(cmd.pub("t", b"body"))
+    assert conn.pending_requests == 2
+    assert sent_on(conn.outputs(), 0) == cmd.pub_trace("t", 42, b"body") + cmd.pub("t", b"body")
+    conn.receive_data(response(encode_trace_receipt(receipt)) + response(b"OK"), 0.1)
+    assert conn.outputs() == [
+        PublishSucceeded(0, rid, receipt),
+        PublishSucceeded(0, plain, None),
+    ]
+    assert conn.pending_requests == 0
+
+
+def test_close_fails_what_is_pending_once() -> None:
+    conn = ready_connection()
+    rid = conn.publish("t", b"x")
+    conn.close("bye")
+    send, failed, close, closed = conn.outputs()
+    assert send == Send(0, cmd.pub("t", b"x"))  # issued before the close: it still goes out
+    assert isinstance(failed, PublishFailed) and failed.request_id == rid
+    assert isinstance(failed.error, ConnectionClosedError)
+    assert str(failed.error) == "connection closed before the answer: bye"
+    assert (close, closed) == (Close(0, "bye"), ConnectionClosed(0, "bye", None))
+    conn.close("again")
+    conn.connection_lost(1.0)
+    assert conn.outputs() == []  # a finished connection says nothing more
+    conn.receive_data(b"late bytes", 1.0)
+    assert conn.outputs() == []

@@ -1,19 +1,25 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
 
 from nsq_proto import (
+    CloseWaitReceived,
     ConnectionClosed,
     LocalProtocolError,
+    LookupdError,
     MessageReceived,
+    Ready,
     Send,
+    StartTLS,
+    Subscribed,
 )
+from nsq_proto import commands as cmd
 from nsq_proto._config import ConfigError
-from nsq_proto._consumer import Consumer, ConsumerConfig, parse_address
+from nsq_proto._consumer import REQUEUE_GRACE, Consumer, ConsumerConfig, parse_address
 from nsq_proto._events import (
     BackoffChanged,
     LookupFailed,
@@ -24,7 +30,18 @@ from nsq_proto._events import (
 from nsq_proto._outputs import Close, Connect, HttpRequest
 from nsq_proto._timers import TimerKind
 
-from .helpers import error, identify_response, message, mid, response
+from ..compiled import COMPILED
+from .helpers import (
+    consumer,
+    error,
+    identify_response,
+    message,
+    mid,
+    of_type,
+    response,
+    sent_on,
+    standard_lookup,
+)
 
 
 def sends(outputs: Iterable[object]) -> dict[int, bytes]:
@@ -563,3 +580,243 @@ def test_finish_many_skips_lost_connections_and_reports_what_is_not_in_flight() 
     assert sends(core.outputs()) == {a: b"FIN " + mid(1) + b"\n"}
     assert core.messages_finished == 1
     assert core.finish_many([], 1.0) == 0
+
+
+def test_set_max_in_flight_refuses_what_is_not_a_count() -> None:
+    core, _ = consumer(max_in_flight=4)
+    # the compiled core's signature takes True as 1 and refuses 2.5 itself (WRONG_TYPE)
+    for bad in (-1,) if COMPILED else (-1, True, 2.5):
+        with pytest.raises(ConfigError, match="max_in_flight must be an int >= 0"):
+            core.set_max_in_flight(bad, 1.0)  # type: ignore[arg-type]
+    assert core.max_in_flight == 4
+
+
+def test_touch_resets_the_timeout_of_the_newest_delivery_only() -> None:
+    core, (c,) = consumer(max_in_flight=4)
+    core.receive_data(c, message(mid(1), b"x", attempts=1), 0.0)
+    core.outputs()
+    assert core.touch(c, mid(1), 1.0) is True
+    assert sent_on(core.outputs(), c) == b"TOUCH " + mid(1) + b"\n"
+    core.receive_data(c, message(mid(1), b"x", attempts=2), 2.0)  # delivered again
+    core.outputs()
+    assert core.touch(c, mid(1), 3.0, attempts=1) is True  # the older copy: nothing sent
+    assert sent_on(core.outputs(), c) == b""
+    assert core.touch(c, mid(1), 3.0, attempts=2) is True
+    assert sent_on(core.outputs(), c) == b"TOUCH " + mid(1) + b"\n"
+    with pytest.raises(LocalProtocolError, match=r"message b'0+9' is not in flight on connection"):
+        core.touch(c, mid(9), 3.0)
+    assert core.touch(99, mid(1), 3.0) is False  # a connection that is gone
+
+
+def test_touch_many_writes_once_per_connection_and_skips_older_copies() -> None:
+    core, (c1, c2) = consumer(2, max_in_flight=8)
+    core.receive_data(c1, message(mid(1), b"a") + message(mid(2), b"b", attempts=3), 0.0)
+    core.receive_data(c2, message(mid(3), b"c"), 0.0)
+    core.outputs()
+    sent = core.touch_many(
+        [(c1, mid(1), None), (c2, mid(3), 1), (c1, mid(2), 2), (77, mid(4), None)], 1.0
+    )
+    assert sent == 2  # mid(2)'s attempts name an older copy; connection 77 is gone
+    writes = of_type(core.outputs(), Send)
+    assert [(w.conn_id, w.data) for w in writes] == [
+        (c1, b"TOUCH " + mid(1) + b"\n"),
+        (c2, b"TOUCH " + mid(3) + b"\n"),
+    ]
+    with pytest.raises(LocalProtocolError, match="is not in flight"):
+        core.touch_many([(c1, mid(9), None), (c1, mid(1), None)], 2.0)
+    # the messages that were in flight were still touched, in one write
+    assert sent_on(core.outputs(), c1) == b"TOUCH " + mid(1) + b"\n"
+
+
+def test_stop_requeue_unanswered_gives_everything_back_and_closes_on_close_wait() -> None:
+    core, (c1, c2) = consumer(2, max_in_flight=8, stop_timeout=30.0)
+    core.receive_data(c1, message(mid(1), b"a") + message(mid(2), b"b"), 0.0)
+    core.receive_data(c2, message(mid(3), b"c"), 0.0)
+    assert len(of_type(core.outputs(), MessageReceived)) == 3
+    core.stop(1.0, requeue_unanswered=True)
+    out = core.outputs()
+    assert sent_on(out, c1) == b"CLS\nREQ " + mid(1) + b" 0\nREQ " + mid(2) + b" 0\n"
+    assert sent_on(out, c2) == b"CLS\nREQ " + mid(3) + b" 0\n"
+    assert of_type(out, Close) == []  # nsqd may have sent more before it read the CLS
+    assert core.messages_requeued == 3 and not core.stopped
+    # what nsqd sent before it read the CLS goes back at once, never to the application,
+    # even a message it wrote right after its CLOSE_WAIT (taken before it read the CLS)
+    core.receive_data(
+        c1, message(mid(4), b"d") + response(b"CLOSE_WAIT") + message(mid(5), b"e"), 1.1
+    )
+    out = core.outputs()
+    assert of_type(out, MessageReceived) == []
+    assert sent_on(out, c1) == b"REQ " + mid(4) + b" 0\nREQ " + mid(5) + b" 0\n"
+    assert [(o.conn_id, o.reason) for o in of_type(out, Close)] == [(c1, "consumer stopped")]
+    assert core.messages_received == 5 and core.messages_requeued == 5
+    # c2's nsqd never confirms: closed after the grace, not after stop_timeout
+    assert core.next_deadline() == pytest.approx(1.0 + REQUEUE_GRACE)
+    core.handle_timer(1.0 + REQUEUE_GRACE)
+    out = core.outputs()
+    assert [o.conn_id for o in of_type(out, Close)] == [c2]
+    assert of_type(out, Stopped) == [Stopped()]
+    assert core.stopped and core.connections() == [] and core.next_deadline() is None
+    # the application's late answer finds the connection gone: nsqd redelivers anyway
+    assert core.finish(c1, mid(1), 2.0) is False
+
+
+def test_a_second_stop_can_requeue_what_the_first_left_waiting() -> None:
+    core, (c,) = consumer(max_in_flight=2)
+    core.receive_data(c, message(mid(1), b"a"), 0.0)
+    core.outputs()
+    core.stop(1.0)
+    assert sent_on(core.outputs(), c) == b"CLS\n"
+    core.receive_data(c, response(b"CLOSE_WAIT"), 1.1)
+    assert of_type(core.outputs(), CloseWaitReceived) == [CloseWaitReceived(c)]
+    assert core.stopping and not core.stopped  # waiting for the application's answer
+    core.stop(2.0)  # again: nothing changes
+    assert core.outputs() == []
+    core.stop(3.0, requeue_unanswered=True)
+    out = core.outputs()
+    assert sent_on(out, c) == b"REQ " + mid(1) + b" 0\n"
+    assert of_type(out, Close) == [Close(c, "consumer stopped")]  # CLOSE_WAIT came before
+    assert of_type(out, Stopped) == [Stopped()]
+
+
+def test_stop_closes_connections_still_in_their_handshake() -> None:
+    core = Consumer("t", "c", nsqd_tcp_addresses=["h1:4150", "h2:4150"])
+    core.start(0.0)
+    c1, c2 = (o.conn_id for o in of_type(core.outputs(), Connect))
+    core.connection_made(c1, 0.0)  # IDENTIFY sent, no answer yet; c2 is not even connected
+    core.outputs()
+    core.stop(1.0)
+    out = core.outputs()
+    assert [(o.conn_id, o.reason) for o in of_type(out, Close)] == [
+        (c1, "consumer stopping"),
+        (c2, "consumer stopping"),
+    ]
+    assert of_type(out, Stopped) == [Stopped()]
+    assert not of_type(out, Send)  # no CLS: neither was subscribed
+
+
+def test_stop_fails_lookupd_requests_in_flight() -> None:
+    core = Consumer("t", "c", lookupd_http_addresses=["l1:4161"])
+    core.start(0.0)
+    (request,) = of_type(core.outputs(), HttpRequest)
+    core.stop(1.0)
+    out = core.outputs()
+    (failed,) = of_type(out, LookupFailed)
+    assert failed.address == ("l1", 4161)
+    assert isinstance(failed.error, LookupdError) and str(failed.error) == "consumer stopping"
+    assert of_type(out, Stopped) == [Stopped()]
+    core.http_data(request.request_id, b"HTTP/1.1 200 OK\r\n", 2.0)  # too late: ignored
+    assert core.outputs() == []
+
+
+def test_close_connection_closes_that_one_and_reconnects_later() -> None:
+    core, (c1, c2) = consumer(2, max_in_flight=2, reconnect_delay=8.0, reconnect_jitter=0.0)
+    core.receive_data(c1, message(mid(1), b"a"), 0.0)
+    core.outputs()
+    assert [m.id for m in core.in_flight(c1)] == [mid(1)]
+    assert (core.in_flight_count(c1), core.in_flight_count(c2)) == (1, 0)
+    core.finish(c1, mid(1), 0.5)
+    assert core.in_flight_count(c1) == 0
+    core.close_connection(c1, 0.5, "rotating")
+    out = core.outputs()
+    assert sent_on(out, c1).startswith(b"FIN " + mid(1) + b"\n")  # answered before the close
+    assert of_type(out, Close) == [Close(c1, "rotating")]
+    assert of_type(out, ConnectionClosed) == [ConnectionClosed(c1, "rotating", None)]
+    assert core.connection_stats(c1) is None and core.connection(c1) is None
+    assert core.in_flight(c1) == () and core.in_flight_count(c1) == 0
+    stats = core.connection_stats(c2)
+    assert stats is not None and stats.state == "SUBSCRIBED" and stats.address == ("10.0.0.1", 4150)
+    assert core.connection(c2) is not None
+    core.close_connection(12345, 0.6)  # unknown: nothing happens
+    assert core.outputs() == []
+    core.handle_timer(8.4)  # reconnect_delay after the close
+    assert not of_type(core.outputs(), Connect)
+    core.handle_timer(8.5)
+    (again,) = of_type(core.outputs(), Connect)
+    assert (again.host, again.port) == ("10.0.0.0", 4150) and again.conn_id not in (c1, c2)
+
+
+def test_a_consumer_upgrades_to_tls_when_asked() -> None:
+    core = Consumer("t", "c", ConsumerConfig(tls_v1=True), nsqd_tcp_addresses=["h:4150"])
+    core.start(0.0)
+    (connect,) = of_type(core.outputs(), Connect)
+    c = connect.conn_id
+    core.connection_made(c, 0.0)
+    core.receive_data(c, identify_response(tls_v1=True), 0.1)
+    assert of_type(core.outputs(), StartTLS) == [StartTLS(c, b"")]
+    core.tls_established(c, 0.2)
+    core.receive_data(c, response(b"OK"), 0.3)  # nsqd's OK, inside TLS
+    out = core.outputs()
+    assert of_type(out, Ready) and sent_on(out, c) == cmd.sub("t", "c") + cmd.rdy(1)
+    core.receive_data(c, response(b"OK"), 0.4)
+    assert of_type(core.outputs(), Subscribed) == [Subscribed(c)]
+
+
+def test_transport_events_for_unknown_connections_are_ignored() -> None:
+    core, (c,) = consumer()
+    calls: list[Callable[[], object]] = [
+        lambda: core.connection_made(99, 1.0),
+        lambda: core.tls_established(99, 1.0),
+        lambda: core.receive_data(99, response(b"OK"), 1.0),
+        lambda: core.connection_lost(99, 1.0, OSError("gone")),
+        lambda: core.http_data(99, b"", 1.0),
+        lambda: core.http_failed(99, OSError("gone"), 1.0),
+    ]
+    for call in calls:
+        call()
+        assert core.outputs() == []
+    assert [s.conn_id for s in core.connections()] == [c]
+
+
+def test_http_failed_is_a_failed_lookup_and_the_poll_goes_on() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(lookupd_poll_interval=10.0, lookupd_poll_jitter=0.0),
+        lookupd_http_addresses=["l1:4161"],
+    )
+    core.start(0.0)
+    (request,) = of_type(core.outputs(), HttpRequest)
+    refused = ConnectionRefusedError(111, "refused")
+    core.http_failed(request.request_id, refused, 0.5)
+    (failed,) = of_type(core.outputs(), LookupFailed)
+    assert failed.address == ("l1", 4161)
+    assert isinstance(failed.error, LookupdError)
+    assert str(failed.error) == "lookupd request failed: [Errno 111] refused"
+    assert failed.error.__cause__ is refused
+    core.http_failed(request.request_id, refused, 0.6)  # already failed: nothing more
+    assert core.outputs() == []
+    core.handle_timer(10.0)
+    (again,) = of_type(core.outputs(), HttpRequest)
+    assert again.request_id != request.request_id and again.host == "l1"
+
+
+def test_a_lost_nsqd_is_looked_up_again_soon_until_it_is_back() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(lookupd_recheck_delay=1.0, lookupd_poll_jitter=0.0),
+        lookupd_http_addresses=["l:4161"],
+    )
+    core.start(0.0)
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, http_response(standard_lookup("n1")), 0.1)
+    (connect,) = of_type(core.outputs(), Connect)
+    core.connection_lost(connect.conn_id, 0.5, OSError("reset"))
+    assert of_type(core.outputs(), ConnectionClosed)
+    core.handle_timer(1.4)
+    assert core.outputs() == []
+    core.handle_timer(1.5)  # lookupd_recheck_delay after the loss
+    (recheck,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(recheck.request_id, http_response(standard_lookup()), 1.6)  # not listed
+    assert not of_type(core.outputs(), Connect)
+    core.handle_timer(3.4)
+    assert core.outputs() == []
+    core.handle_timer(3.5)  # twice the delay: it stays away, lookupd is asked less often
+    (recheck,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(recheck.request_id, http_response(standard_lookup("n1")), 3.6)
+    (back,) = of_type(core.outputs(), Connect)
+    assert (back.host, back.port) == ("n1", 4150)
+    core.handle_timer(59.9)  # back: no more rechecks before the regular poll
+    assert not of_type(core.outputs(), HttpRequest)
+    core.handle_timer(60.0)
+    assert of_type(core.outputs(), HttpRequest)

@@ -3,7 +3,7 @@ with no consumer or producer around it."""
 
 from __future__ import annotations
 
-from nsq_proto import HttpRequest, LookupdError
+from nsq_proto import Consumer, HttpRequest, LookupdError
 from nsq_proto._lookupd_client import (
     MAX_LOOKUPD_FAILURES,
     LookupAnswered,
@@ -15,7 +15,7 @@ from nsq_proto._lookupd_client import (
 )
 from nsq_proto._timers import TimerKind, Timers
 
-from .test_core_paths import PARTITIONED_LOOKUP, http_response, standard_lookup
+from .helpers import PARTITIONED_LOOKUP, http_response, of_type, requests_by_target, standard_lookup
 
 LISTLOOKUP = (
     b'{"status_code":200,"status_txt":"OK","data":{"lookupdnodes":['
@@ -202,3 +202,24 @@ def test_cancel_all_ends_every_call_in_the_order_sent() -> None:
     assert timers.next_deadline() is None
     assert lookupd.cancel_all(error) == []
     assert not lookupd.looking_up("t")
+
+
+def test_listlookup_adds_the_clusters_other_lookupd_to_the_polls() -> None:
+    core = Consumer("t", "c", lookupd_http_addresses=["l1:4161"])
+    core.start(0.0)
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
+    listlookup = requests_by_target(core.outputs())[("l1", "/listlookup")]
+    nodes = (
+        b'{"status_code":200,"status_txt":"OK","data":{"lookupdnodes":['
+        b'{"ID":"1","NodeIP":"l1","TcpPort":"4160","HttpPort":"4161","RpcPort":"4162"},'
+        b'{"ID":"2","NodeIP":"l2","TcpPort":"4160","HttpPort":"4161","RpcPort":"4162"}]}}'
+    )
+    core.http_data(listlookup.request_id, http_response(nodes), 0.2)
+    assert core.outputs() == []
+    core.handle_timer(0.2)  # a new lookupd: the topic is looked up everywhere at once
+    assert {(h, p) for h, p in requests_by_target(core.outputs())} == {
+        ("l1", "/lookup"),
+        ("l2", "/lookup"),
+        ("l1", "/listlookup"),
+    }

@@ -8,9 +8,13 @@ import pytest
 
 from nsq_emulator.frames import encode_trace_receipt
 from nsq_proto import (
+    Close,
+    ConnectionClosed,
     ConnectionClosedError,
     InvalidName,
     LocalProtocolError,
+    LookupdError,
+    LookupFailed,
     PublishFailed,
     PublishSucceeded,
     Send,
@@ -22,7 +26,8 @@ from nsq_proto._outputs import Connect, HttpRequest
 from nsq_proto._partitioned import partition_for_key
 from nsq_proto._producer import Producer, ProducerConfig, PublishTimeout
 
-from .helpers import error, identify_response, response
+from ..compiled import COMPILED, WRONG_TYPE
+from .helpers import error, identify_response, of_type, producer, response, sent_on
 from .test_consumer import http_response
 
 
@@ -345,3 +350,151 @@ def test_a_hasher_that_returns_no_int_fails_the_publish() -> None:
     (failed,) = [o for o in out if isinstance(o, PublishFailed)]
     assert failed.request_id == rid and isinstance(failed.error, LocalProtocolError)
     assert "hasher" in str(failed.error)
+
+
+def test_producer_close_fails_queued_publishes_and_refuses_new_ones() -> None:
+    core = Producer(nsqd_tcp_addresses=["n1:4150"])
+    core.start(0.0)
+    (connect,) = of_type(core.outputs(), Connect)  # never connected: the publish waits
+    rid = core.publish("t", b"x", 0.0)
+    assert core.pending == 1
+    assert core.connections() == [(connect.conn_id, ("n1", 4150), "INIT", 0)]
+    core.close(1.0)
+    out = core.outputs()
+    (failed,) = of_type(out, PublishFailed)
+    assert failed.request_id == rid and isinstance(failed.error, ConnectionClosedError)
+    assert str(failed.error) == "producer closed"
+    assert of_type(out, Close) == [Close(connect.conn_id, "producer closed")]
+    assert core.pending == 0 and core.connections() == []
+    with pytest.raises(LocalProtocolError, match="the producer is closing"):
+        core.publish("t", b"y", 2.0)
+    core.handle_timer(100.0)  # no reconnect, nothing left to time out
+    assert core.outputs() == []
+
+
+def test_producer_close_fails_publishes_already_sent() -> None:
+    core, c = producer(publish_timeout=30.0)
+    rid = core.publish("t", b"x", 0.0)
+    assert sent_on(core.outputs(), c) == cmd.pub("t", b"x")
+    core.close(1.0)
+    out = core.outputs()
+    assert of_type(out, Close) == [Close(c, "producer closed")]
+    assert [f.request_id for f in of_type(out, PublishFailed)] == [rid]
+
+
+def test_producer_lookupd_failure_is_named_when_the_publish_times_out() -> None:
+    core = Producer(ProducerConfig(publish_timeout=5.0), lookupd_http_addresses=["l1:4161"])
+    core.start(0.0)
+    assert core.outputs() == []  # nothing to connect to before a lookup
+    rid = core.publish("t", b"x", 0.0)
+    (request,) = of_type(core.outputs(), HttpRequest)
+    assert request.data.startswith(b"GET /lookup?topic=t&access=w&metainfo=true HTTP/1.1\r\n")
+    core.http_failed(request.request_id, OSError("no route to host"), 0.1)
+    (failed_lookup,) = of_type(core.outputs(), LookupFailed)
+    assert str(failed_lookup.error) == "lookupd request failed: no route to host"
+    core.handle_timer(1.1)  # looked up again a second later
+    (retry,) = of_type(core.outputs(), HttpRequest)
+    core.http_failed(retry.request_id, OSError("no route to host"), 1.2)
+    core.outputs()
+    core.handle_timer(5.0)
+    (failed,) = of_type(core.outputs(), PublishFailed)
+    assert failed.request_id == rid and failed.conn_id == 0  # it was never sent
+    assert str(failed.error) == (
+        "publish 1 not acknowledged in time (no route: lookupd request failed: no route to host)"
+    )
+
+
+def test_producer_fails_a_publish_nsqd_refuses_without_retrying() -> None:
+    core, c = producer(max_publish_attempts=3)
+    rid = core.publish("t", b"x", 0.0)
+    core.outputs()
+    core.receive_data(c, error(b"E_BAD_MESSAGE PUB bad message"), 0.1)
+    out = core.outputs()
+    (failed,) = of_type(out, PublishFailed)
+    assert failed.request_id == rid and failed.conn_id == c
+    assert str(failed.error) == "E_BAD_MESSAGE PUB bad message"
+    assert not of_type(out, Send)  # not sent again
+    assert core.pending == 0
+
+
+def test_a_permanent_failure_fails_every_publish_at_once() -> None:
+    core = Producer(ProducerConfig(auth_secret=b"secret"), nsqd_tcp_addresses=["n1:4150"])
+    core.start(0.0)
+    (connect,) = of_type(core.outputs(), Connect)
+    c = connect.conn_id
+    waiting = core.publish("t", b"a", 0.0)
+    core.connection_made(c, 0.0)
+    core.receive_data(c, identify_response(auth_required=True), 0.0)
+    assert sent_on(core.outputs(), c).endswith(cmd.auth(b"secret"))
+    core.receive_data(c, error(b"E_AUTH_FAILED AUTH failed"), 0.1)
+    out = core.outputs()
+    (closed,) = of_type(out, ConnectionClosed)
+    (failed,) = of_type(out, PublishFailed)
+    assert failed.request_id == waiting
+    assert isinstance(failed.error, ServerError) and failed.error.code == "E_AUTH_FAILED"
+    assert failed.error.permanent and failed.error is not closed.error  # a copy of its own
+    later = core.publish("t", b"b", 0.2)  # the next one is not kept waiting either
+    (failed,) = of_type(core.outputs(), PublishFailed)
+    assert failed.request_id == later and str(failed.error) == "E_AUTH_FAILED AUTH failed"
+
+
+def test_a_topic_lookupd_refuses_twice_fails_its_publishes_with_the_answer() -> None:
+    core = Producer(lookupd_http_addresses=["l:4161"])
+    core.start(0.0)
+    rid = core.publish("t", b"x", 0.0)
+    refusal = http_response(
+        b'{"status_code":500,"status_txt":"TOPIC_NOT_READY","data":null}',
+        b"500 Internal Server Error",
+    )
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, refusal, 0.1)
+    assert of_type(core.outputs(), LookupFailed) and core.pending == 1
+    core.handle_timer(1.1)  # asked again a second later
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, refusal, 1.2)
+    out = core.outputs()
+    (failed,) = of_type(out, PublishFailed)
+    assert failed.request_id == rid and isinstance(failed.error, LookupdError)
+    assert str(failed.error).startswith("no route to topic 't': ")
+    assert isinstance(failed.error.__cause__, LookupdError)
+    assert core.pending == 0
+
+
+@pytest.mark.parametrize(
+    ("publish", "says"),
+    [
+        (lambda p: p.publish("t", b"x", 0.0, partition=1, sharding_key=b"k"), "not both"),
+        (lambda p: p.publish("t", b"x", 0.0, partition=-1), "partition must be a non-negative"),
+        (lambda p: p.publish("t", b"x", 0.0, sharding_key="k"), "a sharding key needs lookupd"),
+        (lambda p: p.publish("t", b"x", 0.0, delay=1.0, trace_id=1), "DPUB takes no partition"),
+        (lambda p: p.publish("t", b"x", 0.0, delay=-1.0), "delay cannot be negative"),
+        (lambda p: p.publish("t", b"", 0.0), "message bodies must be non-empty bytes"),
+        pytest.param(
+            lambda p: p.publish("t", "text", 0.0),
+            "message bodies must be non-empty bytes",
+            marks=pytest.mark.skipif(COMPILED, reason=WRONG_TYPE),
+        ),
+        (lambda p: p.publish_many("t", [], 0.0), "nothing to publish"),
+        (lambda p: p.publish_many("t", [b"a"], 0.0, trace_ids=[1, 2]), "one trace id per body"),
+        (
+            lambda p: p.publish_many("t", [b"a"], 0.0, trace_ids=[1], ext={"k": "v"}),
+            "MPUB_EXT takes no trace ids",
+        ),
+    ],
+)
+def test_publish_refuses_misuse_at_the_call(publish: Any, says: str) -> None:
+    core, _ = producer()
+    with pytest.raises(LocalProtocolError) as info:
+        publish(core)
+    assert says in str(info.value)
+    assert core.pending == 0 and core.outputs() == []
+
+
+def test_publish_takes_any_bytes_like_body() -> None:
+    core, c = producer()
+    # taken at run time, though publish_many's bodies are annotated Iterable[bytes] (bytearray
+    # and memoryview are not bytes to mypy)
+    rid = core.publish_many("t", [bytearray(b"ab"), memoryview(b"cd")], 0.0)  # type: ignore[list-item]
+    assert sent_on(core.outputs(), c) == cmd.mpub("t", [b"ab", b"cd"])
+    core.receive_data(c, response(b"OK"), 0.1)
+    assert of_type(core.outputs(), PublishSucceeded) == [PublishSucceeded(c, rid, None)]
