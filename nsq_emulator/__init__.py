@@ -92,12 +92,14 @@ Partitioned NSQ
 ``Cluster(nodes=3, *, options=None, lookupds=1, rng=None, now=0.0,
 allow_write_without_channels=False)`` owns partitioned :class:`Nsqd` nodes (``.nodes``) and
 :class:`Lookupd` (``.lookupd``, ``.lookupds``): ``create_topic(name, now, *, partitions,
-replicas, ordered, ext, disable_channel_auto_create, leaders) -> TopicMeta``,
+replicas, ordered, ext, disable_channel_auto_create, leaders) -> PartitionedTopic``,
 ``create_channel(topic, channel, now)``, ``leader(topic, partition)``, ``topic(topic,
 partition)``, ``move_leader(topic, partition, to_node, now)``, ``stop_node(i, now, *,
 lose_messages=False, failover=True)``, ``start_node(i, now)``, ``next_deadline()``,
 ``handle_timer(now)``.  The lookupd answers ``/lookup?topic=&access=r|w&metainfo=true
-&partition=`` and ``/listlookup``.
+&partition=`` and ``/listlookup``.  :class:`PartitionedTopic` (the topic as the cluster's
+coordinator holds it: partitions, leaders, replicas) was called ``TopicMeta``, which stays
+importable; the client's parsed ``meta`` of a lookup is :class:`nsq_proto.TopicMeta`.
 
 :class:`MemoryNetwork` wires client cores (``nsq_proto.Consumer``/``Producer``) to emulated
 servers in memory on a virtual clock, with no socket (``wall_clock=time.time`` gives its
@@ -106,6 +108,7 @@ forever.
 """
 
 from ._cluster import Cluster as Cluster
+from ._cluster import PartitionedTopic as PartitionedTopic
 from ._cluster import TopicMeta as TopicMeta
 from ._http import HttpResponse as HttpResponse
 from ._http import HttpServerConnection as HttpServerConnection

@@ -29,15 +29,17 @@ from ._options import NsqdOptions
 from ._protocol import NsqdConnection
 from ._store import Topic
 
-__all__ = ["Cluster", "TopicMeta"]
+__all__ = ["Cluster", "PartitionedTopic", "TopicMeta"]
 
 #: the partitioned cluster's internal ids of partition p start at p << COMMIT_LOG_ID_BITS
 COMMIT_LOG_ID_BITS = 50
 
 
 @dataclass
-class TopicMeta:
-    """A partitioned topic as the cluster's coordinator describes it."""
+class PartitionedTopic:
+    """A partitioned topic as the cluster's coordinator describes it: its partitions, their
+    leaders and replicas.  Not :class:`nsq_proto.TopicMeta`, the ``meta`` object of a lookup
+    answer as a client parses it (this one is what the lookupd builds that answer from)."""
 
     name: str
     partition_num: int
@@ -50,6 +52,10 @@ class TopicMeta:
     leaders: list[int] = field(default_factory=list)
     #: node indexes holding each partition (the leader included)
     replicas: list[list[int]] = field(default_factory=list)
+
+
+#: the former name of :class:`PartitionedTopic`, kept importable (``nsq_emulator.TopicMeta``)
+TopicMeta = PartitionedTopic
 
 
 class Cluster:
@@ -99,7 +105,7 @@ class Cluster:
                 lookupd.register(node)
             self.lookupds.append(lookupd)
         self.allow_write_without_channels = allow_write_without_channels
-        self.meta: dict[str, TopicMeta] = {}
+        self.meta: dict[str, PartitionedTopic] = {}
         self._topics: dict[tuple[str, int], Topic] = {}
         self._now = now
 
@@ -125,7 +131,7 @@ class Cluster:
         disable_channel_auto_create: bool = False,
         leaders: list[int] | None = None,
         writable: bool = True,
-    ) -> TopicMeta:
+    ) -> PartitionedTopic:
         """``POST /topic/create`` on the lookupd leader: partition ``p`` is led by node
         ``leaders[p]`` (default ``p % nodes``) and replicated on the next nodes.
 
@@ -143,7 +149,7 @@ class Cluster:
         chosen = leaders if leaders is not None else [p % n for p in range(partitions)]
         if len(chosen) != partitions:
             raise ValueError("one leader per partition")
-        meta = TopicMeta(
+        meta = PartitionedTopic(
             name,
             partitions,
             replicas,
@@ -189,7 +195,7 @@ class Cluster:
             finally:
                 node.end_call(now)
 
-    def _meta(self, topic: str) -> TopicMeta:
+    def _meta(self, topic: str) -> PartitionedTopic:
         meta = self.meta.get(topic)
         if meta is None:
             raise KeyError(f"no topic {topic!r} in the cluster")
