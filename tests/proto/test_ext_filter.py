@@ -22,6 +22,56 @@ from nsq_proto import (
 )
 from nsq_proto.testing import Cluster, MemoryNetwork
 
+# -- the filters, as IDENTIFY sends them (sans-IO) --------------------------------------------
+
+
+def test_ext_filters_as_identify_sends_them() -> None:
+    assert ExtFilter.regexp("a.b", "^x+$", inverse=True).to_json() == {
+        "type": 2,
+        "inverse": True,
+        "filter_ext_key": "a.b",
+        "filter_data": "^x+$",
+    }
+    assert ExtFilter.glob("k", "v*").to_json() == {
+        "type": 3,
+        "filter_ext_key": "k",
+        "filter_data": "v*",
+    }
+    assert ExtFilter.any_of({"k1": "v1", "k2": "v2"}).to_json() == {
+        "type": 4,
+        "filter_ext_key": "any",
+        "filter_data_list": [
+            {"filter_ext_key": "k1", "filter_data": "v1"},
+            {"filter_ext_key": "k2", "filter_data": "v2"},
+        ],
+    }
+    assert ExtFilter.all_of({"k": "v"}, inverse=True).to_json() == {
+        "type": 4,
+        "inverse": True,
+        "filter_ext_key": "all",
+        "filter_data_list": [{"filter_ext_key": "k", "filter_data": "v"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: ExtFilter("like", "k", "v"), "ext_filter kind must be one of"),  # type: ignore[arg-type]
+        (lambda: ExtFilter.exact("k", "v", inverse=1), "ext_filter inverse must be a bool"),  # type: ignore[arg-type]
+        (lambda: ExtFilter.any_of({}), "an ext_filter of kind 'any' needs at least one match"),
+        (lambda: ExtFilter.all_of({"k": ""}), "an ext_filter value must be a non-empty string"),
+        (lambda: ExtFilter.exact("", "v"), "an ext_filter key must be a non-empty string"),
+        (lambda: ExtFilter.regexp("k", "(unclosed"), "ext_filter regexp '(unclosed' does not"),
+    ],
+)
+def test_ext_filter_refuses_what_the_server_would_ignore(make: Any, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert str(info.value).startswith(says)
+
+
+# -- against the emulator --------------------------------------------------------------------
+
 LOOKUPD = ["127.0.0.1:4161"]
 HEADERS: list[dict[str, object] | None] = [
     {"region": "eu"},
@@ -115,48 +165,3 @@ def test_a_filter_the_server_would_silently_ignore_is_refused_here(
     # the server logs a filter it cannot build and then delivers everything
     with pytest.raises(ConfigError):
         make()
-
-
-def test_ext_filters_as_identify_sends_them() -> None:
-    assert ExtFilter.regexp("a.b", "^x+$", inverse=True).to_json() == {
-        "type": 2,
-        "inverse": True,
-        "filter_ext_key": "a.b",
-        "filter_data": "^x+$",
-    }
-    assert ExtFilter.glob("k", "v*").to_json() == {
-        "type": 3,
-        "filter_ext_key": "k",
-        "filter_data": "v*",
-    }
-    assert ExtFilter.any_of({"k1": "v1", "k2": "v2"}).to_json() == {
-        "type": 4,
-        "filter_ext_key": "any",
-        "filter_data_list": [
-            {"filter_ext_key": "k1", "filter_data": "v1"},
-            {"filter_ext_key": "k2", "filter_data": "v2"},
-        ],
-    }
-    assert ExtFilter.all_of({"k": "v"}, inverse=True).to_json() == {
-        "type": 4,
-        "inverse": True,
-        "filter_ext_key": "all",
-        "filter_data_list": [{"filter_ext_key": "k", "filter_data": "v"}],
-    }
-
-
-@pytest.mark.parametrize(
-    ("make", "says"),
-    [
-        (lambda: ExtFilter("like", "k", "v"), "ext_filter kind must be one of"),  # type: ignore[arg-type]
-        (lambda: ExtFilter.exact("k", "v", inverse=1), "ext_filter inverse must be a bool"),  # type: ignore[arg-type]
-        (lambda: ExtFilter.any_of({}), "an ext_filter of kind 'any' needs at least one match"),
-        (lambda: ExtFilter.all_of({"k": ""}), "an ext_filter value must be a non-empty string"),
-        (lambda: ExtFilter.exact("", "v"), "an ext_filter key must be a non-empty string"),
-        (lambda: ExtFilter.regexp("k", "(unclosed"), "ext_filter regexp '(unclosed' does not"),
-    ],
-)
-def test_ext_filter_refuses_what_the_server_would_ignore(make: Any, says: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        make()
-    assert str(info.value).startswith(says)

@@ -39,6 +39,110 @@ from tests.support.partitioned import (
 
 from .helpers import PARTITIONED_LOOKUP, http_response, of_type, requests_by_target
 
+# -- the positions, and the core's calls to nsqd (sans-IO) ------------------------------------
+
+
+def test_start_from_positions_and_their_wire_form() -> None:
+    assert StartFrom.end().token() == b"special:-1"
+    assert StartFrom.timestamp(1700000000.9).token() == b"timestamp:1700000000"
+    when = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=1)))
+    assert StartFrom.timestamp(when) == StartFrom("timestamp", 1704161045)
+    assert StartFrom.queue_offset(4096).token() == b"virtual_queue:4096"
+    assert StartFrom.message_count(1).token() == b"msgcount:1"
+    assert StartFrom.parse(" end ") == StartFrom.end()
+    assert StartFrom.parse("msgcount:12") == StartFrom.message_count(12)
+    assert StartFrom.parse("timestamp:5") == StartFrom.timestamp(5)
+    assert StartFrom.timestamp(datetime(2024, 1, 1, tzinfo=UTC)).value == 1704067200
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: StartFrom("offset", 1), "unknown start position kind 'offset'"),  # type: ignore[arg-type]
+        (lambda: StartFrom("msgcount", True), "a start position is an int, not True"),
+        (lambda: StartFrom("special", 0), "the only special start position is -1 (the end)"),
+        (lambda: StartFrom.queue_offset(-1), "a virtual_queue start position must be 0..2^63-1"),
+        (lambda: StartFrom.message_count(1 << 63), "a msgcount start position must be 0..2^63-1"),
+        (lambda: StartFrom.timestamp(True), "a start time is Unix seconds or a datetime"),
+        (lambda: StartFrom.timestamp("today"), "a start time is Unix seconds or a datetime"),  # type: ignore[arg-type]
+        (lambda: StartFrom.timestamp(datetime(2024, 1, 1)), "give an aware datetime"),
+        (lambda: StartFrom.timestamp(float("nan")), "a start time must be finite, not nan"),
+        (lambda: StartFrom.parse("12"), "a start position reads 'end' or 'kind:value'"),
+        (lambda: StartFrom.parse("msgcount:x"), "start position 'msgcount:x': 'x' is not an int"),
+    ],
+)
+def test_start_from_refuses_what_the_server_would(make: Any, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert str(info.value).startswith(says)
+
+
+def test_start_from_sets_each_partitions_position_before_subscribing() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(start_from=StartFrom.message_count(5)),
+        lookupd_http_addresses=["l:4161"],
+    )
+    core.start(0.0)
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
+    out = core.outputs()
+    assert not of_type(out, Connect)  # no subscription before the position is set
+    calls = requests_by_target(out)
+    assert set(calls) == {
+        ("l", "/listlookup"),  # a partitioned answer: learn the cluster's other lookupd
+        ("n1", "/channel/setoffset"),
+        ("n2", "/channel/setoffset"),
+    }
+    first, second = calls[("n1", "/channel/setoffset")], calls[("n2", "/channel/setoffset")]
+    assert first.port == 4151 and first.data.endswith(b"\r\n\r\nmsgcount:5")
+    assert b"?topic=t&partition=0&channel=c " in first.data
+    # partition 0: set; its connection opens
+    core.http_data(first.request_id, http_response(b"OK"), 0.2)
+    out = core.outputs()
+    assert out[0] == StartFromApplied(("n1", 4150), 0)
+    assert [(o.host, o.port) for o in of_type(out, Connect)] == [("n1", 4150)]
+    # partition 1: the channel does not exist yet: created, then its position set
+    core.http_data(second.request_id, http_response(b"CHANNEL_NOT_FOUND", b"404 Not Found"), 0.3)
+    create = requests_by_target(core.outputs())[("n2", "/channel/create")]
+    core.http_data(create.request_id, http_response(b""), 0.4)
+    again = requests_by_target(core.outputs())[("n2", "/channel/setoffset")]
+    core.http_data(again.request_id, http_response(b"boom", b"500 Internal Server Error"), 0.5)
+    out = core.outputs()
+    (failed,) = of_type(out, StartFromFailed)
+    assert (failed.address, failed.partition) == (("n2", 4150), 1)
+    assert str(failed.error) == (
+        "start_from for partition 1: /channel/setoffset answered HTTP 500: boom"
+    )
+    assert not of_type(out, Connect)  # not consumed from until a later lookup sets it
+
+
+def test_an_nsqd_call_cut_short_is_a_failed_start_from() -> None:
+    core = Consumer(
+        "t", "c", ConsumerConfig(start_from=StartFrom.end()), lookupd_http_addresses=["l:4161"]
+    )
+    core.start(0.0)
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
+    calls = requests_by_target(core.outputs())
+    setoffset = calls[("n1", "/channel/setoffset")]
+    assert setoffset.data.endswith(b"special:-1")
+    core.http_data(setoffset.request_id, b"", 0.2)  # EOF before a byte of the answer
+    (failed,) = of_type(core.outputs(), StartFromFailed)
+    assert (failed.address, failed.partition) == (("n1", 4150), 0)
+    assert str(failed.error) == "the connection closed before an HTTP response arrived"
+    setoffset = calls[("n2", "/channel/setoffset")]
+    core.http_data(setoffset.request_id, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nOK", 0.3)
+    assert core.outputs() == []  # half a response: waiting for the rest
+    core.http_failed(setoffset.request_id, OSError("connection reset"), 0.4)
+    (failed,) = of_type(core.outputs(), StartFromFailed)
+    assert failed.partition == 1 and str(failed.error).endswith(": connection reset")
+    assert not of_type(core.outputs(), Connect)
+
+
+# -- against the emulator --------------------------------------------------------------------
+
 LOOKUPD = ["127.0.0.1:4161"]
 
 
@@ -231,102 +335,3 @@ def test_start_from_a_message_count_per_partition(cluster: PartitionedCluster) -
     expected = [(0, b"m-0-3"), (0, b"m-0-4")] + [(1, b"m-1-%d" % i) for i in range(5)]
     assert set(expected) <= set(bodies)
     assert len(bodies) - len(expected) <= 1  # the stale message the reader held, at most
-
-
-def test_start_from_positions_and_their_wire_form() -> None:
-    assert StartFrom.end().token() == b"special:-1"
-    assert StartFrom.timestamp(1700000000.9).token() == b"timestamp:1700000000"
-    when = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=1)))
-    assert StartFrom.timestamp(when) == StartFrom("timestamp", 1704161045)
-    assert StartFrom.queue_offset(4096).token() == b"virtual_queue:4096"
-    assert StartFrom.message_count(1).token() == b"msgcount:1"
-    assert StartFrom.parse(" end ") == StartFrom.end()
-    assert StartFrom.parse("msgcount:12") == StartFrom.message_count(12)
-    assert StartFrom.parse("timestamp:5") == StartFrom.timestamp(5)
-    assert StartFrom.timestamp(datetime(2024, 1, 1, tzinfo=UTC)).value == 1704067200
-
-
-@pytest.mark.parametrize(
-    ("make", "says"),
-    [
-        (lambda: StartFrom("offset", 1), "unknown start position kind 'offset'"),  # type: ignore[arg-type]
-        (lambda: StartFrom("msgcount", True), "a start position is an int, not True"),
-        (lambda: StartFrom("special", 0), "the only special start position is -1 (the end)"),
-        (lambda: StartFrom.queue_offset(-1), "a virtual_queue start position must be 0..2^63-1"),
-        (lambda: StartFrom.message_count(1 << 63), "a msgcount start position must be 0..2^63-1"),
-        (lambda: StartFrom.timestamp(True), "a start time is Unix seconds or a datetime"),
-        (lambda: StartFrom.timestamp("today"), "a start time is Unix seconds or a datetime"),  # type: ignore[arg-type]
-        (lambda: StartFrom.timestamp(datetime(2024, 1, 1)), "give an aware datetime"),
-        (lambda: StartFrom.timestamp(float("nan")), "a start time must be finite, not nan"),
-        (lambda: StartFrom.parse("12"), "a start position reads 'end' or 'kind:value'"),
-        (lambda: StartFrom.parse("msgcount:x"), "start position 'msgcount:x': 'x' is not an int"),
-    ],
-)
-def test_start_from_refuses_what_the_server_would(make: Any, says: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        make()
-    assert str(info.value).startswith(says)
-
-
-def test_start_from_sets_each_partitions_position_before_subscribing() -> None:
-    core = Consumer(
-        "t",
-        "c",
-        ConsumerConfig(start_from=StartFrom.message_count(5)),
-        lookupd_http_addresses=["l:4161"],
-    )
-    core.start(0.0)
-    (lookup,) = of_type(core.outputs(), HttpRequest)
-    core.http_data(lookup.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
-    out = core.outputs()
-    assert not of_type(out, Connect)  # no subscription before the position is set
-    calls = requests_by_target(out)
-    assert set(calls) == {
-        ("l", "/listlookup"),  # a partitioned answer: learn the cluster's other lookupd
-        ("n1", "/channel/setoffset"),
-        ("n2", "/channel/setoffset"),
-    }
-    first, second = calls[("n1", "/channel/setoffset")], calls[("n2", "/channel/setoffset")]
-    assert first.port == 4151 and first.data.endswith(b"\r\n\r\nmsgcount:5")
-    assert b"?topic=t&partition=0&channel=c " in first.data
-    # partition 0: set; its connection opens
-    core.http_data(first.request_id, http_response(b"OK"), 0.2)
-    out = core.outputs()
-    assert out[0] == StartFromApplied(("n1", 4150), 0)
-    assert [(o.host, o.port) for o in of_type(out, Connect)] == [("n1", 4150)]
-    # partition 1: the channel does not exist yet: created, then its position set
-    core.http_data(second.request_id, http_response(b"CHANNEL_NOT_FOUND", b"404 Not Found"), 0.3)
-    create = requests_by_target(core.outputs())[("n2", "/channel/create")]
-    core.http_data(create.request_id, http_response(b""), 0.4)
-    again = requests_by_target(core.outputs())[("n2", "/channel/setoffset")]
-    core.http_data(again.request_id, http_response(b"boom", b"500 Internal Server Error"), 0.5)
-    out = core.outputs()
-    (failed,) = of_type(out, StartFromFailed)
-    assert (failed.address, failed.partition) == (("n2", 4150), 1)
-    assert str(failed.error) == (
-        "start_from for partition 1: /channel/setoffset answered HTTP 500: boom"
-    )
-    assert not of_type(out, Connect)  # not consumed from until a later lookup sets it
-
-
-def test_an_nsqd_call_cut_short_is_a_failed_start_from() -> None:
-    core = Consumer(
-        "t", "c", ConsumerConfig(start_from=StartFrom.end()), lookupd_http_addresses=["l:4161"]
-    )
-    core.start(0.0)
-    (lookup,) = of_type(core.outputs(), HttpRequest)
-    core.http_data(lookup.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
-    calls = requests_by_target(core.outputs())
-    setoffset = calls[("n1", "/channel/setoffset")]
-    assert setoffset.data.endswith(b"special:-1")
-    core.http_data(setoffset.request_id, b"", 0.2)  # EOF before a byte of the answer
-    (failed,) = of_type(core.outputs(), StartFromFailed)
-    assert (failed.address, failed.partition) == (("n1", 4150), 0)
-    assert str(failed.error) == "the connection closed before an HTTP response arrived"
-    setoffset = calls[("n2", "/channel/setoffset")]
-    core.http_data(setoffset.request_id, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nOK", 0.3)
-    assert core.outputs() == []  # half a response: waiting for the rest
-    core.http_failed(setoffset.request_id, OSError("connection reset"), 0.4)
-    (failed,) = of_type(core.outputs(), StartFromFailed)
-    assert failed.partition == 1 and str(failed.error).endswith(": connection reset")
-    assert not of_type(core.outputs(), Connect)
