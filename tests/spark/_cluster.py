@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.net import free_port
+from tests.support.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,9 @@ def standalone_cluster(
     assert len(hosts) == workers
     env = spark_env()
     spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
-    port, ui = free_port(), free_port()
+    # the master's port, its web UI's and each worker's web UI's, all distinct: a worker that
+    # took the master's UI port moved the master's UI elsewhere (Spark tries the next port)
+    port, ui, *worker_uis = free_ports(2 + workers)
     work = tempfile.mkdtemp(prefix="spark-cluster-")
     env["SPARK_LOG_DIR"] = work
     cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}")
@@ -100,7 +102,7 @@ def standalone_cluster(
                 "--memory",
                 "1g",
                 "--webui-port",
-                str(free_port()),
+                str(worker_uis[i]),
                 "--work-dir",
                 os.path.join(work, f"worker{i}"),
             )
@@ -110,7 +112,7 @@ def standalone_cluster(
                 alive = [w for w in cluster.state()["workers"] if w["state"] == "ALIVE"]
                 if len(alive) >= workers:
                     break
-            except OSError:
+            except (OSError, ValueError, KeyError):  # not up yet, or another UI there
                 pass
             for p in cluster.processes:
                 if p.poll() is not None:

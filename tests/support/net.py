@@ -14,6 +14,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (each socket is held until all are chosen: ``free_port()``
+    called twice may give the same port, since nothing is bound to it in between)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def wait_http(url: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
