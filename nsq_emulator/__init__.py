@@ -151,6 +151,7 @@ __all__ = [
     "NsqdConnection",
     "NsqdOptions",
     "NsqdStopped",
+    "PartitionedTopic",
     "TopicMeta",
     "TopicStats",
     "static_authorizer",

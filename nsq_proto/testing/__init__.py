@@ -27,6 +27,7 @@ from nsq_emulator import Nsqd as Nsqd
 from nsq_emulator import NsqdConnection as NsqdConnection
 from nsq_emulator import NsqdOptions as NsqdOptions
 from nsq_emulator import NsqdStopped as NsqdStopped
+from nsq_emulator import PartitionedTopic as PartitionedTopic
 from nsq_emulator import TopicMeta as TopicMeta
 from nsq_emulator import TopicStats as TopicStats
 from nsq_emulator import static_authorizer as static_authorizer
@@ -51,6 +52,7 @@ __all__ = [
     "NsqdConnection",
     "NsqdOptions",
     "NsqdStopped",
+    "PartitionedTopic",
     "TopicMeta",
     "TopicStats",
     "static_authorizer",
