@@ -48,7 +48,7 @@ EOF
     if ((status == 0)); then
         (cd "$work/src" && PYTHONPATH="$work/src" "$python" -m pytest -q -p no:cacheprovider \
             -m "not spark and not real_nsqd" tests/proto tests/test_spec_fixtures.py \
-            tests/emulator tests/core_x_emulator) || status=$?
+            tests/emulator) || status=$?
     fi
     rm -rf "$work"
     return "$status"
