@@ -21,7 +21,6 @@ Three kinds of stream, the three ways the runner writes and reads:
 
 from __future__ import annotations
 
-import json
 import math
 import ssl
 import struct
@@ -38,54 +37,18 @@ import anyio.lowlevel
 from nsq_client import Backend, BackendBase, Stream
 from nsq_proto import ClientCore, Output
 
+# nsqd's frames, as the core's own tests build them
+from tests.proto.helpers import error as error
+from tests.proto.helpers import identify_response as identify_response
+from tests.proto.helpers import message as message
+from tests.proto.helpers import mid as mid
+from tests.proto.helpers import response as response
+
 Kind = Literal["plain", "nowait", "push"]
 KINDS: tuple[Kind, ...] = ("plain", "nowait", "push")
 
 #: commands followed by a 4-byte size and a body
 _WITH_BODY = {b"IDENTIFY", b"PUB", b"MPUB", b"DPUB", b"AUTH", b"PUB_TRACE", b"MPUB_TRACE"}
-
-
-def frame(frame_type: int, data: bytes) -> bytes:
-    """A frame as nsqd writes it: size, type, data."""
-    return struct.pack(">II", len(data) + 4, frame_type) + data
-
-
-def response(data: bytes) -> bytes:
-    return frame(0, data)
-
-
-def error(data: bytes) -> bytes:
-    return frame(1, data)
-
-
-def message(msg_id: bytes, body: bytes, attempts: int = 1, timestamp: int = 1) -> bytes:
-    return frame(2, struct.pack(">qH", timestamp, attempts) + msg_id + body)
-
-
-def mid(i: int) -> bytes:
-    """A 16-byte message id."""
-    return f"{i:016x}".encode()
-
-
-def identify_response(**changes: Any) -> bytes:
-    """nsqd 1.3.0's answer to IDENTIFY (with ``changes``)."""
-    body: dict[str, Any] = {
-        "max_rdy_count": 2500,
-        "version": "1.3.0",
-        "max_msg_timeout": 900000,
-        "msg_timeout": 60000,
-        "tls_v1": False,
-        "deflate": False,
-        "deflate_level": 6,
-        "max_deflate_level": 6,
-        "snappy": False,
-        "sample_rate": 0,
-        "auth_required": False,
-        "output_buffer_size": 16384,
-        "output_buffer_timeout": 250,
-    }
-    body.update(changes)
-    return response(json.dumps(body, separators=(",", ":")).encode())
 
 
 def nsqd_replies(**identify: Any) -> dict[bytes, bytes]:
