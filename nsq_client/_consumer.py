@@ -28,16 +28,13 @@ from nsq_proto import (
 )
 from nsq_proto import Consumer as ConsumerCore
 from nsq_proto._consumer import REQUEUE_GRACE
+from nsq_proto.wire import NON_FATAL_ERRORS
 
 from ._backend import Backend
 from ._client import ClientBase
 from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin, check_handler
 from ._options import ConsumerOptions, build_config, chose_max_in_flight
 from ._stats import ConsumerStats
-
-#: nsqd's answers to a FIN, REQ or TOUCH it could not carry out (the message is not in flight
-#: on that connection any more: timed out, or answered already)
-_ANSWER_REFUSALS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 __all__ = ["Consumer"]
 
@@ -234,7 +231,7 @@ class Consumer(ClientBase):
             if self._on_give_up is not None:
                 self._on_give_up(message)
         elif isinstance(event, ErrorReceived):
-            if event.code in _ANSWER_REFUSALS:
+            if event.code in NON_FATAL_ERRORS:  # a FIN, REQ or TOUCH nsqd refused
                 self._answers_refused += 1
             self.errors.append(event)
             log.warning("nsqd error on connection %d: %s %s", event.conn_id, event.code, event.text)

@@ -93,6 +93,24 @@ async def test_a_message_read_reaches_the_application_and_its_fin_is_written(
             assert isinstance(stream, PushScriptedStream) and stream.pushes_started == 1
 
 
+@pytest.mark.parametrize("refused", [False, True])
+async def test_answers_are_confirmed_only_if_nsqd_refused_none_before_its_close_wait(
+    kind: Kind, refused: bool
+) -> None:
+    backend = ScriptedBackend(kind)
+    async with scripted_network(backend), consumer(backend) as c:
+        await wait_until(lambda: backend.connections_to(ADDRESS) == 1)
+        stream = backend.stream(ADDRESS)
+        await wait_until(lambda: b"RDY 1" in stream.lines())
+        stream.feed(message(mid(1), b"hello"))
+        await (await next_message(c)).finish()
+        if refused:  # the message had timed out on nsqd: the FIN came too late
+            stream.feed(error(b"E_FIN_FAILED FIN 0000000000000001 failed"))
+            await wait_until(lambda: len(c.errors) == 1)
+        assert c.answers_confirmed is False  # not stopped yet
+    assert c.answers_confirmed is not refused
+
+
 async def test_a_failed_write_closes_that_connection_only(kind: Kind) -> None:
     backend = ScriptedBackend(kind)
     async with scripted_network(backend), consumer(backend, ADDRESS, OTHER, max_in_flight=2) as c:
