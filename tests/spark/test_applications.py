@@ -289,12 +289,15 @@ def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
         "local[2]", [nsqd], topic, tmp_path, "body;id", env={"NSQ_SPARK_PAUSE": "4"}, **options
     )
     try:
-        found = wait_for(
-            lambda: _staged_uncommitted_batch(driver.checkpoint, driver.out, staging),
-            timeout=180,
-            interval=0.05,
-        )
-        counts = nsqd.counts(topic)
+
+        def staged_and_finished() -> Any:
+            # the rows are staged before their FINs go out: wait for nsqd to have them too
+            found = _staged_uncommitted_batch(driver.checkpoint, driver.out, staging)
+            counts = nsqd.counts(topic)
+            done = found and counts is not None and counts.in_flight == 0
+            return (found, counts) if done else None
+
+        found, counts = wait_for(staged_and_finished, timeout=180, interval=0.05)
         driver.kill()
     finally:
         if driver.proc.poll() is None:
