@@ -48,6 +48,7 @@ from ._lookupd_client import (
     LookupdsLearned,
     NsqdAnswered,
 )
+from ._lookupd_schedule import PollSchedule
 from ._message import Message
 from ._names import check_channel, check_topic
 from ._outputs import Connect, Output
@@ -167,11 +168,14 @@ class Consumer:
                 "(or lookupd_http_addresses, to learn the topic's partitions)"
             )
         self._by_key: dict[str, ConnId] = {}
-        #: connections found through lookupd that were lost and have not come back
-        self._lost_keys: set[str] = set()
-        self._recheck_attempt = 0
-        #: lookups in a row that listed no nsqd while the consumer had none
-        self._empty_lookups = 0
+        self._polls = PollSchedule(
+            self._rng,
+            self._timers,
+            enabled=bool(lookupd),
+            interval=cfg.lookupd_poll_interval,
+            jitter=cfg.lookupd_poll_jitter,
+            recheck_delay=cfg.lookupd_recheck_delay,
+        )
         self._rdy = RdyPlanner(
             self._rng,
             send_rdy=self._send_rdy,
@@ -246,7 +250,8 @@ class Consumer:
         if kind is TimerKind.LOOKUPD_POLL:
             self._poll(now)
         elif kind is TimerKind.LOOKUPD_RECHECK:
-            self._recheck(now)
+            if not self._stopping and self._polls.recheck_due(now, self._by_key):
+                self._query_lookupd(now)
         elif kind is TimerKind.HTTP_TIMEOUT:
             assert isinstance(arg, int)
             self._on_http_answer(self._lookupd.timed_out(arg), now)
@@ -298,7 +303,7 @@ class Consumer:
         if isinstance(answer, LookupAnswered):
             self._apply_lookup(answer.address, answer.result, now)
         elif isinstance(answer, LookupdsLearned):
-            self.poll_lookupd_now(now)
+            self._polls.poll_within(now)
         elif isinstance(answer, LookupdFailed):
             self._outputs.append(LookupFailed(answer.address, answer.error))
         elif isinstance(answer, NsqdAnswered):
@@ -326,51 +331,18 @@ class Consumer:
     def _poll(self, now: float) -> None:
         if self._stopping:
             return
-        cfg = self.config
         self._query_lookupd(now)
-        # the guide: jitter each poll by a random share of the interval
-        interval = cfg.lookupd_poll_interval
-        jitter = self._rng.random() * cfg.lookupd_poll_jitter * interval
-        self._timers.set((TimerKind.LOOKUPD_POLL, None), now + interval + jitter)
+        self._polls.polled(now)
+
+    def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
+        """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
+        self._now = now
+        if not self._stopping:
+            self._polls.poll_within(now, delay)
 
     def _query_lookupd(self, now: float) -> None:
         self._lookupd.lookup(self.topic, "r", now)
         self._lookupd.refresh_cluster(now)
-
-    def _schedule_recheck(self, now: float) -> None:
-        """Ask lookupd again after a loss: at ``lookupd_recheck_delay``, doubling while the
-        lost nsqd stay away; once that reaches the poll interval, the regular polls go on."""
-        key = (TimerKind.LOOKUPD_RECHECK, None)
-        if key in self._timers:
-            return  # one recheck at a time: a flapping nsqd cannot speed it up
-        cfg = self.config
-        delay = cfg.lookupd_recheck_delay * 2.0**self._recheck_attempt
-        if delay >= cfg.lookupd_poll_interval:
-            self._lost_keys.clear()
-            self._recheck_attempt = 0
-            return
-        jitter = self._rng.random() * cfg.lookupd_poll_jitter * delay
-        self._timers.set(key, now + delay + jitter)
-
-    def _recheck(self, now: float) -> None:
-        if self._stopping:
-            return
-        self._lost_keys.difference_update(self._by_key)  # connecting again, or connected
-        if not self._lost_keys:
-            self._recheck_attempt = 0
-            return
-        self._query_lookupd(now)
-        self._recheck_attempt += 1
-        self._schedule_recheck(now)
-
-    def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
-        """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
-        if not self._lookupd.addresses or self._stopping:
-            return
-        key = (TimerKind.LOOKUPD_POLL, None)
-        current = self._timers.deadline(key)
-        if current is None or current > now + delay:
-            self._timers.set(key, now + delay)
 
     def _apply_lookup(self, address: tuple[str, int], result: LookupResult, now: float) -> None:
         keys: list[str] = []
@@ -398,22 +370,8 @@ class Consumer:
                 continue  # partition-pinned consumers skip nodes without partitions
             keys.append(peer.key)
             self._connect(peer.address, None, now)
-        if keys or self._by_key:
-            self._empty_lookups = 0
-        elif (TimerKind.LOOKUPD_RECHECK, None) not in self._timers:
-            self._poll_soon(now)  # (a recheck after a loss asks soon already)
+        self._polls.lookup_answered(bool(keys or self._by_key), now)
         self._outputs.append(LookupSucceeded(address, tuple(keys), result.topic_found))
-
-    def _poll_soon(self, now: float) -> None:
-        """No nsqd for the topic yet (a consumer started before its topic): ask lookupd
-        again at ``lookupd_recheck_delay``, doubling up to the poll interval, so that the
-        first nsqd to have the topic is found within seconds, not at the next poll."""
-        cfg = self.config
-        delay = cfg.lookupd_recheck_delay * 2.0**self._empty_lookups
-        if delay < cfg.lookupd_poll_interval:
-            self._empty_lookups += 1
-            jitter = self._rng.random() * cfg.lookupd_poll_jitter * delay
-            self.poll_lookupd_now(now, delay + jitter)
 
     # ------------------------------------------------------------------ start positions
 
@@ -635,7 +593,7 @@ class Consumer:
             self._ordered_required = True
         if event.code in TOPOLOGY_CHANGED or event.code == "E_SUB_ORDER_IS_MUST":
             # go-nsq: drop that (address, partition) and look the topic up again about 1 s later
-            self.poll_lookupd_now(now, 1.0)
+            self._polls.poll_within(now, 1.0)
 
     def _on_closed(self, rec: _Conn, event: ConnectionClosed, now: float) -> None:
         self._table.remove(rec.conn_id)
@@ -652,8 +610,7 @@ class Consumer:
         if self._lookupd.addresses and rec.address not in self._nsqd:
             # the guide: with lookupd, reconnect only if lookupd still lists it; go-nsq asks
             # lookupd again right after a close rather than waiting for the next poll
-            self._lost_keys.add(rec.key)
-            self._schedule_recheck(now)
+            self._polls.connection_lost(rec.key, now)
         elif rec.address in self._nsqd:
             target = (rec.address, rec.partition)
             self._timers.set((TimerKind.RECONNECT, target), now + self._reconnects.delay(target))
@@ -907,8 +864,7 @@ class Consumer:
                 self._requeue_unanswered(now)
             return
         self._stopping = True
-        self._timers.cancel_kind(TimerKind.LOOKUPD_POLL)
-        self._timers.cancel_kind(TimerKind.LOOKUPD_RECHECK)
+        self._polls.stop()
         self._timers.cancel_kind(TimerKind.RECONNECT)
         self._rdy.stop()
         for answer in self._lookupd.cancel_all(LookupdError("consumer stopping")):

@@ -8,8 +8,9 @@ callable it is given and hands every outcome back as a value (an :data:`HttpAnsw
 decides what an answer means for it (connect, poll again, fail publishes) and turns a failure
 into a :class:`~nsq_proto.LookupFailed` event.
 
-When to ask is the core's decision: the consumer polls its topic with jitter and asks again
-after a loss; the producer asks for a topic when a publish needs a route.
+When to ask is :mod:`._lookupd_schedule`'s decision (the consumer's polls with jitter and its
+rechecks after a loss, the producer's route refreshes); the producer also asks for a topic
+when a publish needs a route.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from ._events import (
 )
 from ._lookupd import LookupResult
 from ._lookupd_client import HttpAnswer, LookupAnswered, LookupdClient, LookupdFailed
+from ._lookupd_schedule import RouteRefresh
 from ._names import check_topic
 from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED, partition_for_key
@@ -516,6 +517,7 @@ class Producer:
             timers=self._timers,
             send=self._outputs.append,
         )
+        self._refresh = RouteRefresh(self._timers, interval=cfg.lookupd_poll_interval)
         self._conn_config = cfg.connection_config()
         self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
         self._queue = PublishQueue(max_attempts=cfg.max_publish_attempts)
@@ -963,7 +965,7 @@ class Producer:
                     self._fail_request(req, failure)
                 self._refusals.pop(topic, None)
             # try again a little later; other waiting requests time out on their deadline
-            self._timers.set((TimerKind.LOOKUPD_POLL, topic), self._now + 1.0)
+            self._refresh.failed(topic, self._now)
 
     def _apply_lookup(self, topic: str, result: LookupResult) -> None:
         self._refusals.pop(topic, None)
@@ -983,9 +985,7 @@ class Producer:
         for address in leaders:
             for slot in range(self.config.pool_size):
                 self._open(address, slot)
-        self._timers.set(
-            (TimerKind.LOOKUPD_POLL, topic), self._now + self.config.lookupd_poll_interval
-        )
+        self._refresh.answered(topic, self._now)
 
     def _invalidate_route(self, topic: str) -> None:
         self._routes.forget(topic)
