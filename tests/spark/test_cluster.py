@@ -237,6 +237,42 @@ def _client_pids(nodes: list[RealNSQD], topic: str) -> set[int]:
     return {holders[i] for i in inodes if i in holders}
 
 
+def _executor_connected_to(nodes: list[RealNSQD], cluster: Cluster) -> int | None:
+    """The executor JVM of a process with an open connection to one of ``nodes``' TCP ports
+    (a task that is taking messages), or None.
+
+    A task holds its connections for milliseconds: this reads the client ends of the
+    connections in ``/proc/net/tcp`` and the descriptors of the workers' processes only, not
+    nsqd's ``/stats`` and then every process (too slow to catch one on a loaded machine)."""
+    ports = {int(node.address.rpartition(":")[2]) for node in nodes}
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        established = fields[3] == "01"
+        if established and int(fields[2].rpartition(":")[2], 16) in ports and fields[9] != "0":
+            inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    below_workers: set[int] = set()
+    for worker in cluster.worker_pids:
+        below_workers |= _descendants(worker)
+    for pid in below_workers:
+        try:
+            descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in descriptors:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target in inodes:
+                jvm = _executor_jvm_of(pid, cluster)
+                if jvm is not None:
+                    return jvm
+    return None
+
+
 def _ancestors(pid: int) -> list[int]:
     chain = []
     while pid > 1:
@@ -324,7 +360,7 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
 
     def publish_until_after_the_kill() -> None:
         while not killed_at.is_set():
-            publish_chunk(10)
+            publish_chunk(50)
             time.sleep(0.1)
         for _ in range(10):
             publish_chunk(10)
@@ -348,15 +384,10 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
         # a few batches in, while a task holds messages: kill -9 the executor holding them
         wait_for(lambda: len(driver.rows()) >= 200, timeout=120, interval=0.1)
 
-        def holding() -> int | None:
-            for pid in _client_pids(two_nsqd, topic):
-                jvm = _executor_jvm_of(pid, spark_cluster)
-                if jvm is not None:
-                    return jvm
-            return None
-
         try:
-            killed = wait_for(holding, timeout=120, interval=0.02)
+            killed = wait_for(
+                lambda: _executor_connected_to(two_nsqd, spark_cluster), timeout=120, interval=0.01
+            )
             assert killed is not None
             victims = _descendants(killed)
             for pid in _alive(victims):

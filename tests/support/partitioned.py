@@ -54,15 +54,22 @@ class PartitionedCluster:
 
         A new topic refuses writes (``E_FAILED_ON_NOT_LEADER``) until nsqlookupd's check has
         run, which it skips when its last full check was under 6 s ago: the create is sent
-        again every 7 s.  A probe message tells when a partition takes writes; the channel,
+        again every 7 s.  It is refused (``No node is available``) until nsqd has registered.  A probe message tells when a partition takes writes; the channel,
         created afterwards, starts at the end and never sees the probes."""
         query = f"topic={topic}&partition_num={partitions}&replicator=1&multipart=true"
         for key, value in flags.items():
             query += f"&{key}={value}"
         create = f"http://{self.lookupd_http}/topic/create?{query}"
-        status, body = http("POST", create)
-        assert status == 200, body
         deadline = time.monotonic() + WRITABLE_WITHIN
+        # nsqlookupd has no node to put the partitions on until nsqd's registration (through
+        # etcd) reached it, which a loaded machine delays past nsqd's /ping
+        status, body = http("POST", create)
+        while status != 200 and b"No node is available" in body:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+            status, body = http("POST", create)
+        assert status == 200, body
         last_create = time.monotonic()
         for p in range(partitions):
             probe = f"http://{self.nsqd_http}/pub?topic={topic}&partition={p}"
