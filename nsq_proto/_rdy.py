@@ -451,8 +451,9 @@ class RdyPlanner:
         return share
 
     def _update_rdy(self, rec: ConnRdy, count: int, now: float) -> bool:
-        """Send RDY ``count`` if the invariants allow it (go-nsq's updateRDY)."""
-        if not rec.can_rdy:
+        """Send RDY ``count`` if the invariants allow it (go-nsq's updateRDY); nothing once
+        stopped (the consumer sent CLS)."""
+        if not rec.can_rdy or self._stopped:
             return False
         if rec.ordered and count > 1:
             count = 1

@@ -311,6 +311,22 @@ def test_readiness_out_of_id_order_keeps_the_id_order() -> None:
     assert plan.rdy() == {3: 0, 1: 1, 2: 0}
 
 
+def test_a_stopped_planner_sends_no_rdy_when_max_in_flight_changes_in_backoff() -> None:
+    # found by the invariants below: in backoff, a pause (max_in_flight 0) after stop still
+    # sent RDY 0 to the connections
+    plan = Plan(1, max_in_flight=1)
+    plan.planner.failure(0.0)
+    assert plan.sent() == {1: [1, 0]}  # ready, then RDY 0 for the backoff window
+    deadline = plan.planner.next_deadline()
+    assert deadline is not None
+    plan.planner.handle_timer(deadline)  # the window ends: RDY 1 tests the waters
+    assert plan.sent() == {1: [1]}
+    plan.planner.stop()
+    for max_in_flight in (0, 3):
+        plan.planner.set_max_in_flight(max_in_flight, deadline + 1.0)
+    assert plan.sent() == {1: []}
+
+
 # ---------------------------------------------------------------------- invariants
 
 
