@@ -274,6 +274,8 @@ def bench_source(
         reader = reader.option("max_messages_per_trigger", str(args.max_messages_per_trigger))
     if args.max_messages_per_partition:
         reader = reader.option("max_messages_per_partition", str(args.max_messages_per_partition))
+    if args.max_bytes_per_trigger:
+        reader = reader.option("max_bytes_per_trigger", str(args.max_bytes_per_trigger))
     return run_query(args, spark, reader.load(), "source", args.count)
 
 
@@ -402,6 +404,12 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=0, help="default: the source's")
     parser.add_argument(
         "--max-messages-per-trigger", type=int, default=0, help="default: the source's"
+    )
+    parser.add_argument(
+        "--max-bytes-per-trigger",
+        type=int,
+        default=0,
+        help="default: the source's (read_mode executors)",
     )
     parser.add_argument(
         "--max-messages-per-partition",

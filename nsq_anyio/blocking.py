@@ -33,8 +33,13 @@ import nsq_client
 from nsq_client import Message as AsyncMessage
 from nsq_client._message import is_async_callable
 from nsq_client._options import chose_max_in_flight
-from nsq_proto import ErrorReceived, LocalProtocolError, LookupFailed, TraceReceipt
-from nsq_proto._config import parse_client_addresses
+from nsq_proto import (
+    ErrorReceived,
+    LocalProtocolError,
+    LookupFailed,
+    TraceReceipt,
+    parse_client_addresses,
+)
 
 from ._consumer import Consumer as AsyncConsumer
 from ._producer import Producer as AsyncProducer

@@ -12,6 +12,7 @@ from contextvars import ContextVar
 from typing import Any, Unpack
 
 from nsq_proto import (
+    REQUEUE_GRACE,
     ConfigError,
     ConnectionClosed,
     ConsumerConfig,
@@ -27,7 +28,6 @@ from nsq_proto import (
     Stopped,
 )
 from nsq_proto import Consumer as ConsumerCore
-from nsq_proto._consumer import REQUEUE_GRACE
 from nsq_proto.wire import NON_FATAL_ERRORS
 
 from ._backend import Backend

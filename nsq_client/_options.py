@@ -11,8 +11,14 @@ import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict, TypeVar
 
-from nsq_proto import ConfigError, ConsumerConfig, ExtFilter, ProducerConfig, StartFrom
-from nsq_proto._config import ConnectionConfig
+from nsq_proto import (
+    ConfigError,
+    ConnectionConfig,
+    ConsumerConfig,
+    ExtFilter,
+    ProducerConfig,
+    StartFrom,
+)
 
 from ._backend import Backend
 from ._message import GiveUpHook

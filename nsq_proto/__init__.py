@@ -8,7 +8,10 @@ from . import commands as commands
 from . import wire as wire
 from ._config import ConfigError as ConfigError
 from ._config import ConnectionConfig as ConnectionConfig
+from ._config import parse_addresses as parse_addresses
+from ._config import parse_client_addresses as parse_client_addresses
 from ._connection import Connection as Connection
+from ._consumer import REQUEUE_GRACE as REQUEUE_GRACE
 from ._consumer import ConnectionStats as ConnectionStats
 from ._consumer import Consumer as Consumer
 from ._consumer import ConsumerConfig as ConsumerConfig
@@ -53,6 +56,7 @@ from ._features import TraceReceipt as TraceReceipt
 from ._lookupd import LookupResult as LookupResult
 from ._lookupd import Peer as Peer
 from ._lookupd import TopicMeta as TopicMeta
+from ._lookupd import parse_lookup_response as parse_lookup_response
 from ._message import Message as Message
 from ._outputs import Action as Action
 from ._outputs import Close as Close
@@ -115,6 +119,7 @@ __all__ = [
     "PublishFailed",
     "PublishSucceeded",
     "PublishTimeout",
+    "REQUEUE_GRACE",
     "ReadTimeout",
     "Ready",
     "RemoteProtocolError",
@@ -130,6 +135,9 @@ __all__ = [
     "TraceReceipt",
     "commands",
     "parse_address",
+    "parse_addresses",
+    "parse_client_addresses",
+    "parse_lookup_response",
     "wire",
     "__version__",
 ]

@@ -59,7 +59,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 import nsq_anyio
-from nsq_proto._lookupd import parse_lookup_response
+from nsq_proto import parse_lookup_response
 
 from ._options import SourceOptions
 from ._source import ConnectTimeout, check_columns, record_batch

@@ -13,8 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_proto import ConfigError, StartFrom
-from nsq_proto._config import parse_addresses
+from nsq_proto import ConfigError, StartFrom, parse_addresses
 from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
 
 __all__ = [

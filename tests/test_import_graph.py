@@ -349,6 +349,24 @@ def test_the_emulator_imports_only_public_names_of_the_core() -> None:
     assert {"nsq_proto", "nsq_proto.wire"} <= targets  # the check saw the emulator's imports
 
 
+def test_only_the_core_imports_its_private_modules() -> None:
+    """Every package above ``nsq_proto`` (the client, its adapters, Spark, the emulator, the
+    command line) uses its public names: a private module of the core (``nsq_proto._config``)
+    can change without them noticing."""
+    wrong = [
+        f"{e.source} (line {e.line}) imports {e.target}"
+        for e in import_edges()
+        if in_package(e.target, "nsq_proto")
+        and is_private(e.target)
+        and not in_package(e.source, "nsq_proto")
+    ]
+    assert not wrong, "a private module of the core is imported from above:\n  " + "\n  ".join(
+        wrong
+    )
+    targets = {e.target for e in import_edges() if not in_package(e.source, "nsq_proto")}
+    assert "nsq_proto" in targets  # the check saw the imports of the packages above
+
+
 def test_the_cli_sits_above_the_client() -> None:
     """Nothing imports ``nsq_cli`` but the programs that are the command line under another
     name (``python -m nsq_anyio``, ``python -m nsq_emulator``); it runs on ``nsq_anyio``."""

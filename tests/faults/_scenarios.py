@@ -290,8 +290,14 @@ async def stop_under_load(
     assert peak == 100
     assert stop_s < 5.0  # not the stop_timeout
     assert settled < 3.0  # not nsqd's msg_timeout (60 s)
-    assert not set(finished) & set(rest)  # nothing a handler finished came back
-    assert set(finished) | set(rest) == set(bodies)  # nothing lost
+    again = set(finished) & set(rest)
+    assert not again, f"finished by a handler, then delivered again: {sorted(again)[:10]}"
+    missing = set(bodies) - set(finished) - set(rest)
+    assert not missing, (  # nothing lost
+        f"{len(missing)} never delivered again (e.g. {sorted(missing)[:10]}): {handled} "
+        f"handled before the {how}, {len(rest)} read by the second consumer in {WAIT} s; "
+        f"nsqd's channel now: {target.channel(0, topic, 'c')}"
+    )
 
 
 def _in_flight(target: Target, topic: str) -> int | None:
