@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -126,22 +127,40 @@ class Progress:
         self.rows = 0
 
     def poll(self, query: Any) -> None:
-        for p in query.recentProgress:
-            if p.batchId in self.seen or not p.numInputRows:
+        for p in self._new_reports(query):
+            batch_id, rows = p["batchId"], p["numInputRows"]
+            if batch_id in self.seen or not rows:
                 continue
-            self.seen.add(p.batchId)
-            start = datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")).timestamp()
-            durations = dict(p.durationMs)
+            self.seen.add(batch_id)
+            start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+            durations = dict(p["durationMs"])
             self.batches.append(
                 {
-                    "rows": p.numInputRows,
+                    "rows": rows,
                     "start": start,
                     "end": start + durations.get("triggerExecution", 0) / 1000,
                     "durations": durations,
                 }
             )
-            self.rows += p.numInputRows
+            self.rows += rows
         self.batches.sort(key=lambda b: b["start"])
+
+    def _new_reports(self, query: Any) -> list[dict[str, Any]]:
+        """The reports of the batches not seen yet, oldest first.  ``query.recentProgress``
+        converts all (up to 100) reports on every call, JSON through py4j: about a tenth of a
+        core at one poll a second, which the driver-side CPU figures would count as the
+        source's.  With the JVM's query at hand, only the newest are converted."""
+        jsq = getattr(query, "_jsq", None)
+        if jsq is None:  # (Spark Connect)
+            return [json.loads(p.json) for p in query.recentProgress]
+        recent = jsq.recentProgress()
+        new = []
+        for i in range(len(recent) - 1, -1, -1):
+            report = recent[i]
+            if report.batchId() in self.seen:
+                break
+            new.append(json.loads(report.json()))
+        return new[::-1]
 
     def rate(self, warmup: int) -> tuple[float, int, int]:
         """Rows per second over the batches after the first ``warmup`` (rows, batches)."""
@@ -167,10 +186,13 @@ class Progress:
         return f"mean per batch ({rows:.0f} rows), ms: " + ", ".join(parts)
 
 
-def cpu_seconds_of_this_process_tree() -> float:
+def cpu_seconds_of_this_process_tree() -> dict[str, float]:
     """CPU seconds (user + system) of this process and every process below it, those it
-    reaped included (Linux ``/proc``; NaN elsewhere): the driver side of the query (with a
-    ``local`` master, its executors too)."""
+    reaped included (Linux ``/proc``; NaN elsewhere), by role: ``benchmark`` (this process),
+    ``jvm`` (Spark's driver JVM; with a ``local`` master the executors too) and ``python``
+    (the Python processes below the JVM: the source's runner, Spark's Python workers).  A
+    process that ended counts in its parent's role from then on (the JVM reaps its Python
+    workers), so a role's difference over a window can move a little to another."""
     import collections
 
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -179,7 +201,7 @@ def cpu_seconds_of_this_process_tree() -> float:
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return float("nan")
+        return {"benchmark": float("nan")}
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -191,12 +213,25 @@ def cpu_seconds_of_this_process_tree() -> float:
         children[int(fields[1])].append(int(entry))
         # utime, stime, cutime, cstime (the reaped children's)
         times[int(entry)] = sum(int(x) for x in fields[11:15])
-    total, todo = 0, [os.getpid()]
+    roles: dict[str, float] = collections.defaultdict(float)
+    me = os.getpid()
+    todo = [(me, "benchmark")]
     while todo:
-        pid = todo.pop()
-        total += times.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total / tick
+        pid, role = todo.pop()
+        if pid != me:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    java = b"java" in f.read().split(b"\0")[0]
+            except OSError:
+                java = False
+            role = "jvm" if java else "python"
+        roles[role] += times.get(pid, 0) / tick
+        todo.extend((child, role) for child in children.get(pid, []))
+    return dict(roles)
+
+
+def _total(cpu: dict[str, float]) -> float:
+    return sum(cpu.values())
 
 
 def run_query(
@@ -207,8 +242,8 @@ def run_query(
     warm-up batches (the query's start, the JIT and Spark's planning workers left out)."""
     progress = Progress()
     checkpoint = tempfile.mkdtemp(prefix="nsq-spark-bench-")
-    cpu = cpu_seconds_of_this_process_tree()
-    warm: tuple[float, int] | None = None
+    first = cpu_seconds_of_this_process_tree()
+    warm: tuple[dict[str, float], int] | None = None
     query = reader.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
     deadline = time.monotonic() + args.timeout
     try:
@@ -225,9 +260,15 @@ def run_query(
                 warm = (cpu_seconds_of_this_process_tree(), progress.rows)
         end = cpu_seconds_of_this_process_tree()
         steady = float("nan")
+        by_role = ""
         if warm is not None and progress.rows > warm[1]:
-            steady = (end - warm[0]) / (progress.rows - warm[1]) * 1e6
-        cpu = end - cpu
+            steady_rows = progress.rows - warm[1]
+            steady = (_total(end) - _total(warm[0])) / steady_rows * 1e6
+            by_role = ", ".join(
+                f"{role} {(end[role] - warm[0].get(role, 0.0)) / steady_rows * 1e6:.2f}"
+                for role in sorted(end)
+            )
+        cpu = _total(end) - _total(first)
     finally:
         # stopping cancels the running batch, which Spark logs as errors: not news here
         spark.sparkContext.setLogLevel("OFF")
@@ -244,7 +285,7 @@ def run_query(
     per_million = cpu / progress.rows * 1e6
     print(
         f"{name}: driver side {cpu:.1f} CPU s, {per_million:.1f} per million rows "
-        f"({steady:.1f} after the warm-up batches)",
+        f"({steady:.1f} after the warm-up batches: {by_role})",
         file=sys.stderr,
     )
     return rate, per_million, steady
