@@ -250,7 +250,7 @@ class Consumer:
         if kind is TimerKind.LOOKUPD_POLL:
             self._poll(now)
         elif kind is TimerKind.LOOKUPD_RECHECK:
-            if not self._stopping and self._polls.recheck_due(now, self._by_key):
+            if self._polls.recheck_due(now, self._by_key):  # (never once stopping)
                 self._query_lookupd(now)
         elif kind is TimerKind.HTTP_TIMEOUT:
             assert isinstance(arg, int)
@@ -337,8 +337,7 @@ class Consumer:
     def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
         """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
         self._now = now
-        if not self._stopping:
-            self._polls.poll_within(now, delay)
+        self._polls.poll_within(now, delay)  # (nothing once stopping)
 
     def _query_lookupd(self, now: float) -> None:
         self._lookupd.lookup(self.topic, "r", now)

@@ -19,6 +19,7 @@ from .scripted import (
     Kind,
     PushScriptedStream,
     ScriptedBackend,
+    ScriptedStream,
     error,
     message,
     mid,
@@ -51,6 +52,14 @@ async def next_message(c: nsq_client.Consumer) -> nsq_client.Message:
         return await c.__anext__()
 
 
+async def subscribed(backend: ScriptedBackend) -> ScriptedStream:
+    """The consumer's stream to ADDRESS, once its handshake is done and RDY 1 written."""
+    await wait_until(lambda: backend.connections_to(ADDRESS) == 1)
+    stream = backend.stream(ADDRESS)
+    await wait_until(lambda: b"RDY 1" in stream.lines())
+    return stream
+
+
 async def test_a_consumer_writes_identify_once_connected_then_sub_then_rdy_as_nsqd_answers(
     kind: Kind,
 ) -> None:
@@ -79,9 +88,7 @@ async def test_a_message_read_reaches_the_application_and_its_fin_is_written(
 ) -> None:
     backend = ScriptedBackend(kind)
     async with scripted_network(backend), consumer(backend) as c:
-        await wait_until(lambda: backend.connections_to(ADDRESS) == 1)
-        stream = backend.stream(ADDRESS)
-        await wait_until(lambda: b"RDY 1" in stream.lines())
+        stream = await subscribed(backend)
         stream.feed(message(mid(1), b"hello", attempts=2))
         received = await next_message(c)
         assert (received.body, received.id, received.attempts) == (b"hello", mid(1), 2)
@@ -99,9 +106,7 @@ async def test_answers_are_confirmed_only_if_nsqd_refused_none_before_its_close_
 ) -> None:
     backend = ScriptedBackend(kind)
     async with scripted_network(backend), consumer(backend) as c:
-        await wait_until(lambda: backend.connections_to(ADDRESS) == 1)
-        stream = backend.stream(ADDRESS)
-        await wait_until(lambda: b"RDY 1" in stream.lines())
+        stream = await subscribed(backend)
         stream.feed(message(mid(1), b"hello"))
         await (await next_message(c)).finish()
         if refused:  # the message had timed out on nsqd: the FIN came too late

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,20 +198,38 @@ class Driver:
         return [row for batch in self.batches() for row in batch]
 
 
-def _socket_pids() -> dict[int, int]:
-    """socket inode -> the pid holding it (this user's processes)."""
+def _socket_pids(pids: Iterable[int] | None = None) -> dict[int, int]:
+    """socket inode -> the pid holding it, among ``pids`` (default: this user's processes)."""
+    if pids is None:
+        pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in pids:
         try:
-            for fd in (entry / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    found[int(target[8:-1])] = int(entry.name)
+            descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
         except OSError:
             continue
+        for fd in descriptors:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found[int(target[8:-1])] = pid
     return found
+
+
+def _tcp_inodes(ports: set[int], *, remote: bool = False) -> set[int]:
+    """The socket inodes of the TCP connections (``/proc/net/tcp``) whose local end, or with
+    ``remote`` whose far end of an established connection, has one of ``ports``."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        end = fields[2] if remote else fields[1]
+        if remote and fields[3] != "01":  # not ESTABLISHED
+            continue
+        if int(end.rpartition(":")[2], 16) in ports and fields[9] != "0":
+            inodes.add(int(fields[9]))
+    return inodes
 
 
 def _client_pids(nodes: list[RealNSQD], topic: str) -> set[int]:
@@ -227,14 +245,8 @@ def _client_pids(nodes: list[RealNSQD], topic: str) -> set[int]:
                     ports.add(int(client["remote_address"].rpartition(":")[2]))
     if not ports:
         return set()
-    inodes = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local_port = int(fields[1].rpartition(":")[2], 16)
-        if local_port in ports:
-            inodes[int(fields[9])] = local_port
     holders = _socket_pids()
-    return {holders[i] for i in inodes if i in holders}
+    return {holders[i] for i in _tcp_inodes(ports) if i in holders}
 
 
 def _executor_connected_to(nodes: list[RealNSQD], cluster: Cluster) -> int | None:
@@ -245,31 +257,17 @@ def _executor_connected_to(nodes: list[RealNSQD], cluster: Cluster) -> int | Non
     connections in ``/proc/net/tcp`` and the descriptors of the workers' processes only, not
     nsqd's ``/stats`` and then every process (too slow to catch one on a loaded machine)."""
     ports = {int(node.address.rpartition(":")[2]) for node in nodes}
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        established = fields[3] == "01"
-        if established and int(fields[2].rpartition(":")[2], 16) in ports and fields[9] != "0":
-            inodes.add(f"socket:[{fields[9]}]")
+    inodes = _tcp_inodes(ports, remote=True)
     if not inodes:
         return None
     below_workers: set[int] = set()
     for worker in cluster.worker_pids:
         below_workers |= _descendants(worker)
-    for pid in below_workers:
-        try:
-            descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in descriptors:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target in inodes:
-                jvm = _executor_jvm_of(pid, cluster)
-                if jvm is not None:
-                    return jvm
+    for inode, pid in _socket_pids(below_workers).items():
+        if inode in inodes:
+            jvm = _executor_jvm_of(pid, cluster)
+            if jvm is not None:
+                return jvm
     return None
 
 
