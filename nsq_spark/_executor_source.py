@@ -96,11 +96,21 @@ def plan_batch(
     max_bytes: int,
     per_partition: int,
     min_partitions: int = 1,
+    sizes: Mapping[str, float] | None = None,
+    max_partition_bytes: int | None = None,
 ) -> list[Part]:
     """Split a batch of at most ``max_messages`` and ``max_bytes`` over the nsqd whose channel
     has ``depths[address]`` messages waiting: each nsqd gets its fair share (what one does
-    not need goes to the others), each partition at most ``per_partition`` messages, and at
-    least ``min_partitions`` partitions when there are messages enough."""
+    not need goes to the others), each partition at most ``per_partition`` messages and
+    ``max_partition_bytes`` bytes, and at least ``min_partitions`` partitions when there are
+    messages enough.
+
+    ``sizes[address]``, where known, is the mean body size of the topic on that nsqd: the
+    batch then takes no more messages than ``max_bytes`` holds at those sizes, and an nsqd's
+    share is split into partitions of ``max_partition_bytes`` at most.  Whatever the sizes,
+    each partition's byte limit is its share of ``max_bytes`` (and at most
+    ``max_partition_bytes``): a task stops there."""
+    sizes = sizes or {}
     alloc: dict[str, int] = {}
     budget = max_messages
     waiting = sorted(((d, a) for a, d in depths.items() if d > 0))
@@ -111,10 +121,19 @@ def plan_batch(
         take = min(depth, fair, budget)
         alloc[address] = take
         budget -= take
+    estimate = sum(n * sizes.get(a, 0.0) for a, n in alloc.items())
+    if estimate > max_bytes:  # the mean sizes say the messages would not fit: fewer of them
+        alloc = {a: max(1, int(n * max_bytes / estimate)) for a, n in alloc.items()}
     total = sum(alloc.values())
     if total == 0:
         return []
-    tasks = {a: -(-n // per_partition) for a, n in alloc.items()}
+    tasks = {}
+    for address, n in alloc.items():
+        count = -(-n // per_partition)
+        size = sizes.get(address, 0.0)
+        if max_partition_bytes is not None and size > 0:
+            count = max(count, math.ceil(n * size / max_partition_bytes))
+        tasks[address] = min(n, count)
     while sum(tasks.values()) < min_partitions:
         address = max(tasks, key=lambda a: alloc[a] / tasks[a])
         if alloc[address] <= tasks[address]:
@@ -125,7 +144,10 @@ def plan_batch(
         size, extra = divmod(alloc[address], tasks[address])
         for j in range(tasks[address]):
             n = size + (1 if j < extra else 0)
-            parts.append(Part(address, n, max(1, max_bytes * n // total)))
+            limit = max_bytes * n // total
+            if max_partition_bytes is not None:
+                limit = min(limit, max_partition_bytes)
+            parts.append(Part(address, n, max(1, limit)))
     return parts
 
 
@@ -182,6 +204,9 @@ class _Planner:
         self.started = time.monotonic()
         self.answered = False
         self.last_error: str | None = None
+        #: TCP address -> the mean body size of the topic's messages on that nsqd (where
+        #: its stats tell: ``message_bytes`` / ``message_count``)
+        self.sizes: dict[str, float] = {}
         self._context: ssl.SSLContext | None = None
 
     def _tls(self) -> ssl.SSLContext:
@@ -213,7 +238,9 @@ class _Planner:
         depths: dict[str, int] = {}
         for tcp, http in self.nodes().items():
             try:
-                depths[tcp] = self._depth(http)
+                depths[tcp], size = self._depth(http)
+                if size is not None:
+                    self.sizes[tcp] = size
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 self.last_error = f"nsqd: {http}: {exc}"
                 log.warning("the nsq source could not ask nsqd %s for its stats: %s", http, exc)
@@ -235,14 +262,17 @@ class _Planner:
             )
         return depths
 
-    def _depth(self, http: str) -> int:
+    def _depth(self, http: str) -> tuple[int, float | None]:
+        """The messages waiting on the channel, and the topic's mean body size if known."""
         o = self.options
         topic = self._topic_stats(http)
         if topic is None:
-            return 0
+            return 0, None
+        count, size = topic.get("message_count"), topic.get("message_bytes")
+        mean = size / count if isinstance(size, int) and isinstance(count, int) and count else None
         for channel in topic.get("channels") or []:
             if channel["channel_name"] == o.channel:
-                return int(channel["depth"])
+                return int(channel["depth"]), mean
         # a topic without our channel: create it, as a consumer's SUB would, so that messages
         # are kept for it from now on; a topic that had no channel at all hands it what it
         # holds (nsqd moves them over in the background)
@@ -251,10 +281,10 @@ class _Planner:
         if status != 200:
             raise ValueError(f"/channel/create answered {status}")
         if topic.get("channels"):
-            return 0
+            return 0, mean
         after = self._topic_stats(http) or {}
         depth = max([0] + [int(c["depth"]) for c in after.get("channels") or []])
-        return max(int(topic.get("depth", 0)), depth)
+        return max(int(topic.get("depth", 0)), depth), mean
 
     def _topic_stats(self, http: str) -> dict[str, Any] | None:
         o = self.options
@@ -540,6 +570,8 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             max_bytes=max_bytes,
             per_partition=o.max_messages_per_partition,
             min_partitions=o.num_partitions,
+            sizes=self.planner.sizes,
+            max_partition_bytes=o.max_bytes_per_partition,
         )
         if not parts:
             # Spark asks again at once (every 10 ms with the default trigger): an idle query

@@ -266,9 +266,12 @@ def _connection(r: _Reader, *, lookupd_alone_ok: bool) -> ConnectionOptions:
     )
 
 
-#: executors: the defaults of ``max_messages_per_trigger`` and ``max_messages_per_partition``
-EXECUTOR_MESSAGES_PER_TRIGGER = 200_000
+#: executors: the defaults of ``max_messages_per_trigger``, ``max_bytes_per_trigger``,
+#: ``max_messages_per_partition`` and ``max_bytes_per_partition``
+EXECUTOR_MESSAGES_PER_TRIGGER = 1_000_000
+EXECUTOR_BYTES_PER_TRIGGER = 256 * 1024 * 1024
 EXECUTOR_MESSAGES_PER_PARTITION = 50_000
+EXECUTOR_BYTES_PER_PARTITION = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -300,10 +303,12 @@ class SourceOptions:
     #: executors: where tasks stage the rows of a batch (a path or a ``pyarrow.fs`` URI)
     staging_location: str | None = None
     #: executors: the largest micro-batch in bytes of message bodies
-    max_bytes_per_trigger: int = 64 * 1024 * 1024
+    max_bytes_per_trigger: int = EXECUTOR_BYTES_PER_TRIGGER
     #: executors: the most messages one task consumes (over several connections when it is
     #: above nsqd's ``--max-rdy-count``, up to ``max_connections_per_nsqd``)
-    max_messages_per_partition: int = 50_000
+    max_messages_per_partition: int = EXECUTOR_MESSAGES_PER_PARTITION
+    #: executors: the most bytes of message bodies one task consumes
+    max_bytes_per_partition: int = EXECUTOR_BYTES_PER_PARTITION
     #: executors: seconds a task waits for its next message before it ends with fewer
     task_idle_timeout: float = 1.0
     #: executors: seconds the ids of rows whose FIN nsqd did not confirm are kept, to know
@@ -359,6 +364,7 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "staging_location",
         "max_bytes_per_trigger",
         "max_messages_per_partition",
+        "max_bytes_per_partition",
         "task_idle_timeout",
         "redelivery_window",
     )
@@ -448,9 +454,14 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         read_mode=read_mode,
         nsqd_http_addresses=r.addresses("nsqd_http_addresses"),
         staging_location=r.text("staging_location"),
-        max_bytes_per_trigger=r.integer("max_bytes_per_trigger", 64 * 1024 * 1024, minimum=1),
+        max_bytes_per_trigger=r.integer(
+            "max_bytes_per_trigger", EXECUTOR_BYTES_PER_TRIGGER, minimum=1
+        ),
         max_messages_per_partition=r.integer(
             "max_messages_per_partition", EXECUTOR_MESSAGES_PER_PARTITION, minimum=1
+        ),
+        max_bytes_per_partition=r.integer(
+            "max_bytes_per_partition", EXECUTOR_BYTES_PER_PARTITION, minimum=1
         ),
         task_idle_timeout=task_idle_timeout,
         redelivery_window=redelivery_window,

@@ -429,14 +429,18 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
 def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
     spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
 ) -> None:
-    topic, per_node, size = f"cluster-large-{time.monotonic_ns()}", 200, 200_000
+    topic, per_node, size = f"cluster-large-{time.monotonic_ns()}", 700, 200_000
     sent: list[bytes] = []
     for i, node in enumerate(two_nsqd):
         bodies = [f"n{i}-{j:05d}-".encode().ljust(size, b"x") for j in range(per_node)]
         publish(node, topic, bodies)
         sent.extend(b[:12] for b in bodies)
     driver = Driver(
-        spark_cluster.master, two_nsqd, topic, tmp_path, "substr(body, 1, 12) as head;id"
+        spark_cluster.master,
+        two_nsqd,
+        topic,
+        tmp_path,
+        "substr(body, 1, 12) as head;id;spark_partition_id() as task",
     )
     try:
         wait_for(lambda: {r["head"] for r in driver.rows()} == set(sent), timeout=150, interval=0.5)
@@ -445,9 +449,11 @@ def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
         driver.stop()
     heads = collections.Counter(r["head"] for b in batches for r in b)
     assert sorted(heads) == sorted(sent) and set(heads.values()) == {1}
-    # 80 MB of bodies: batches of at most max_bytes_per_trigger (64 MiB) each
-    limit = (64 << 20) // size
-    assert len(batches) >= 2 and max(len(b) for b in batches) <= limit, [len(b) for b in batches]
+    # 280 MB of bodies: batches of at most max_bytes_per_trigger (256 MiB) each, in tasks of
+    # at most max_bytes_per_partition (32 MiB)
+    assert len(batches) >= 2 and max(len(b) for b in batches) <= (256 << 20) // size
+    tasks = collections.Counter((i, r["task"]) for i, b in enumerate(batches) for r in b)
+    assert max(tasks.values()) <= (32 << 20) // size, tasks
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no type information (as 
 import pytest
 
 from nsq_spark import SCHEMA, ConnectTimeout, NSQDataSource, NSQExecutorStreamReader, OptionError
-from nsq_spark._executor_source import NSQStagedPartition, plan_batch
+from nsq_spark._executor_source import NSQStagedPartition, Part, plan_batch
 from nsq_spark._options import parse_source_options
 from nsq_spark._staging import Staging, StagingNotShared
 
@@ -30,7 +30,9 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
         {**base, "nsqd_tcp_addresses": "a:1,b:1", "nsqdHttpAddresses": "a:2,b:2"}
     )
     assert (o.read_mode, o.nsqd_http_addresses) == ("executors", ("a:2", "b:2"))
-    assert (o.max_bytes_per_trigger, o.max_messages_per_partition) == (64 * 1024 * 1024, 50_000)
+    limits = (o.max_messages_per_trigger, o.max_bytes_per_trigger)
+    assert limits == (1_000_000, 256 << 20)
+    assert (o.max_messages_per_partition, o.max_bytes_per_partition) == (50_000, 32 << 20)
     assert parse_source_options({**base, "lookupd_http_addresses": "l:1"}).read_mode == "executors"
     reader = NSQDataSource({**base, "lookupd_http_addresses": "l:1"}).streamReader(SCHEMA)
     assert isinstance(reader, NSQExecutorStreamReader)
@@ -41,6 +43,7 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
         ({"lookupd_http_addresses": "l:1", "ordered": "true"}, "'ordered' needs read_mode"),
         ({"lookupd_http_addresses": "l:1", "read_mode": "nowhere"}, "executors or driver"),
         ({"lookupd_http_addresses": "l:1", "max_bytes_per_trigger": "0"}, "at least 1"),
+        ({"lookupd_http_addresses": "l:1", "max_bytes_per_partition": "0"}, "at least 1"),
     ]:
         with pytest.raises(OptionError, match=message):
             parse_source_options({**base, **options})
@@ -69,6 +72,30 @@ def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
     # the bytes of a batch never add up to more than its limit
     parts = plan({"a": 7, "b": 9, "c": 1000}, max_messages=1000, max_bytes=12345)
     assert sum(p[2] for p in parts) <= 12345 and sum(p[1] for p in parts) == 1000
+
+
+def test_the_mean_body_size_bounds_a_batchs_messages_and_splits_it_into_tasks_by_bytes() -> None:
+    def plan(depths: dict[str, int], sizes: dict[str, float], **limits: int) -> list[Part]:
+        defaults = {"max_messages": 1000, "max_bytes": 100_000, "per_partition": 500}
+        return plan_batch(depths, sizes=sizes, **{**defaults, **limits})  # type: ignore[arg-type]
+
+    # 1,000 messages of 1,000 bytes do not fit 100,000 bytes: 100 of them do
+    parts = plan({"a": 5000}, {"a": 1000.0})
+    assert [(p.messages, p.bytes) for p in parts] == [(100, 100_000)]
+    # over two nsqd, each with its own size: the batch still fits, both get some
+    parts = plan({"a": 5000, "b": 5000}, {"a": 100.0, "b": 1000.0})
+    assert {p.address for p in parts} == {"a", "b"}
+    assert sum(p.messages * (100 if p.address == "a" else 1000) for p in parts) <= 100_000
+    # tasks of at most max_partition_bytes: 100 messages of 1,000 bytes in 4 of 25,000
+    parts = plan({"a": 5000}, {"a": 1000.0}, max_partition_bytes=25_000)
+    assert [(p.messages, p.bytes) for p in parts] == [(25, 25_000)] * 4
+    # without a known size the tasks are split by messages, each still capped in bytes
+    parts = plan({"a": 5000}, {}, max_partition_bytes=25_000)
+    assert [(p.messages, p.bytes) for p in parts] == [(500, 25_000)] * 2
+    # small messages: the message limits decide, as without sizes
+    assert plan({"a": 5000}, {"a": 10.0}) == plan({"a": 5000}, {})
+    # a single huge message still makes a task
+    assert [(p.messages, p.bytes) for p in plan({"a": 3}, {"a": 1e9})] == [(1, 100_000)]
 
 
 # -- staging ---------------------------------------------------------------------------------
@@ -167,8 +194,12 @@ def test_bytes_bound_a_task_and_what_is_beyond_its_share_is_requeued(
     emulator.publish(topic, [bytes([i]) * size for i in range(20)])
     r = reader(emulator, topic, tmp_path, max_bytes_per_trigger=5 * size + 1)
     start = r.initialOffset()
+    # the driver plans by the topic's mean body size (nsqd's stats)...
     _end, parts = plan_next(r, start)
-    assert [(p.part.messages, p.part.bytes) for p in parts] == [(20, 5 * size + 1)]
+    assert [(p.part.messages, p.part.bytes) for p in parts] == [(5, 5 * size + 1)]
+    # ...and a task stops at its bytes whatever the plan's messages (the sizes vary)
+    end = {"run": _end["run"], "batch": 1, "parts": [[emulator.address, 20, 5 * size + 1]]}
+    parts = list(r.partitions(start, end))
     got = rows(r, parts[0])
     assert len(got) == 5 and sum(len(row["body"]) for row in got) == 5 * size
     stats = emulator.channel_stats(topic, "c")
