@@ -19,6 +19,9 @@ source's query.
 The last lines are ``spark_memory_source_rows_per_s=<float>``,
 ``spark_source_driver_cpu_s_per_million=<float>`` (the whole query),
 ``spark_source_driver_steady_cpu_s_per_million=<float>`` (after the warm-up batches),
+``spark_source_driver_steady_cpu_s_per_million_without_jit=<float>`` (the same less what the
+driver JVM's JIT compiler threads spent: a JVM compiles Spark's code for minutes after it
+starts, a cost of its first minutes and not of each message),
 ``spark_source_msgs_per_s=<float>`` and
 ``spark_sink_msgs_per_s=<float>``.
 """
@@ -190,9 +193,11 @@ def cpu_seconds_of_this_process_tree() -> dict[str, float]:
     """CPU seconds (user + system) of this process and every process below it, those it
     reaped included (Linux ``/proc``; NaN elsewhere), by role: ``benchmark`` (this process),
     ``jvm`` (Spark's driver JVM; with a ``local`` master the executors too) and ``python``
-    (the Python processes below the JVM: the source's runner, Spark's Python workers).  A
-    process that ended counts in its parent's role from then on (the JVM reaps its Python
-    workers), so a role's difference over a window can move a little to another."""
+    (the Python processes below the JVM: the source's runner, Spark's Python workers), and
+    ``jit``: the JVM's live JIT compiler threads (``C1``/``C2 CompilerThread``), taken out of
+    ``jvm``.  A process that ended counts in its parent's role from then on (the JVM reaps
+    its Python workers), and a compiler thread that ended in ``jvm``, so a role's
+    difference over a window can move a little to another."""
     import collections
 
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -226,8 +231,31 @@ def cpu_seconds_of_this_process_tree() -> dict[str, float]:
                 java = False
             role = "jvm" if java else "python"
         roles[role] += times.get(pid, 0) / tick
+        if role == "jvm" and pid != me:
+            jit = _jit_seconds(pid, tick)
+            roles["jvm"] -= jit
+            roles["jit"] += jit
         todo.extend((child, role) for child in children.get(pid, []))
     return dict(roles)
+
+
+def _jit_seconds(pid: int, tick: int) -> float:
+    """CPU seconds of the JIT compiler threads of the JVM ``pid`` that are alive."""
+    total = 0
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        if name.startswith(("C1 CompilerThre", "C2 CompilerThre")):
+            total += sum(int(x) for x in stat.rsplit(")", 1)[1].split()[11:13])
+    return total / tick
 
 
 def _total(cpu: dict[str, float]) -> float:
@@ -236,7 +264,7 @@ def _total(cpu: dict[str, float]) -> float:
 
 def run_query(
     args: argparse.Namespace, spark: Any, reader: Any, name: str, target: int
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Stream ``reader`` into the noop sink until ``target`` rows; the steady rate, and the
     CPU seconds of the driver side per million rows over the whole query and after the
     warm-up batches (the query's start, the JIT and Spark's planning workers left out)."""
@@ -259,11 +287,13 @@ def run_query(
             if warm is None and len(progress.batches) >= args.warmup_batches:
                 warm = (cpu_seconds_of_this_process_tree(), progress.rows)
         end = cpu_seconds_of_this_process_tree()
-        steady = float("nan")
+        steady = steady_without_jit = float("nan")
         by_role = ""
         if warm is not None and progress.rows > warm[1]:
             steady_rows = progress.rows - warm[1]
             steady = (_total(end) - _total(warm[0])) / steady_rows * 1e6
+            jit = end.get("jit", 0.0) - warm[0].get("jit", 0.0)
+            steady_without_jit = steady - jit / steady_rows * 1e6
             by_role = ", ".join(
                 f"{role} {(end[role] - warm[0].get(role, 0.0)) / steady_rows * 1e6:.2f}"
                 for role in sorted(end)
@@ -285,15 +315,16 @@ def run_query(
     per_million = cpu / progress.rows * 1e6
     print(
         f"{name}: driver side {cpu:.1f} CPU s, {per_million:.1f} per million rows "
-        f"({steady:.1f} after the warm-up batches: {by_role})",
+        f"({steady:.1f} after the warm-up batches: {by_role}; "
+        f"{steady_without_jit:.2f} without the JIT compilers)",
         file=sys.stderr,
     )
-    return rate, per_million, steady
+    return rate, per_million, steady, steady_without_jit
 
 
 def bench_source(
     args: argparse.Namespace, spark: Any, address: str, portal: BlockingPortal, http: str | None
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     topic = f"spark-bench-{uuid.uuid4().hex[:8]}"
     publish(portal, address, topic, args.count, args.size)
     reader = spark.readStream.format("nsq")
@@ -380,7 +411,7 @@ def bench_memory(args: argparse.Namespace, spark: Any) -> float:
             return Reader()
 
     spark.dataSource.register(Memory)
-    rate, _, _ = run_query(
+    rate, *_ = run_query(
         args, spark, spark.readStream.format("memory_bench").load(), "memory", args.count
     )
     return rate
@@ -477,6 +508,7 @@ def main() -> None:
     args = parser.parse_args()
     skip = set(args.skip.split(","))
     source_rate = memory_rate = sink_rate = source_cpu = steady_cpu = float("nan")
+    steady_without_jit = float("nan")
     with nsqd(args) as (address, portal, cluster):
         spark = spark_session(args)
         try:
@@ -486,7 +518,7 @@ def main() -> None:
                 http = args.nsqd_http_address
                 if http is None and cluster is not None:  # the emulator's
                     http = cluster.nsqd_http_addresses[0]
-                source_rate, source_cpu, steady_cpu = bench_source(
+                source_rate, source_cpu, steady_cpu, steady_without_jit = bench_source(
                     args, spark, address, portal, http
                 )
             if "sink" not in skip:
@@ -496,6 +528,7 @@ def main() -> None:
     print(f"spark_memory_source_rows_per_s={memory_rate:.1f}")
     print(f"spark_source_driver_cpu_s_per_million={source_cpu:.2f}")
     print(f"spark_source_driver_steady_cpu_s_per_million={steady_cpu:.2f}")
+    print(f"spark_source_driver_steady_cpu_s_per_million_without_jit={steady_without_jit:.2f}")
     print(f"spark_source_msgs_per_s={source_rate:.1f}")
     print(f"spark_sink_msgs_per_s={sink_rate:.1f}")
 

@@ -347,18 +347,19 @@ class Consumer(ClientBase):
         A message already answered, or given twice, or delivered by another consumer, is a
         :class:`LocalProtocolError` raised before any FIN is sent."""
         batch = list(messages)
-        marked: list[Message] = []
-        try:
-            for message in batch:
-                if message._consumer is not self:
+        answers = []
+        for i, message in enumerate(batch):
+            origin = message._origin
+            if origin.consumer is not self or message._responded:
+                for marked in batch[:i]:
+                    marked._responded = False
+                if origin.consumer is not self:
                     raise LocalProtocolError(f"{message!r} was delivered by another consumer")
-                message._mark()
-                marked.append(message)
-        except LocalProtocolError:
-            for message in marked:
-                message._responded = False
-            raise
-        self._core.finish_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
+                raise LocalProtocolError("this message has already been answered")
+            message._responded = True
+            core = message._message
+            answers.append((origin.conn_id, core.id, core.attempts))
+        self._core.finish_many(answers, self._clock())
         self._runner.wake()
 
     async def touch_many(self, messages: Iterable[Message]) -> None:

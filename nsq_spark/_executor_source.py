@@ -62,7 +62,7 @@ import nsq_anyio
 from nsq_proto import parse_lookup_response
 
 from ._options import SourceOptions
-from ._source import ConnectTimeout, check_columns, record_batch
+from ._source import ConnectTimeout, check_columns, message_ids, record_batch
 from ._staging import ID_COLUMN, NSQD_KEY, Staging, default_staging_location
 
 __all__ = ["NSQExecutorStreamReader", "NSQStagedPartition", "plan_batch"]
@@ -353,6 +353,13 @@ class _Share:
     def _take(self, consumer: nsq_anyio.Consumer, batch: list[nsq_anyio.Message]) -> None:
         part = self.part
         taken = self.taken.setdefault(consumer, [])
+        if self.count and self.count + len(batch) <= part.messages and not self.suspects:
+            size = sum([len(m.raw.body) for m in batch])
+            if self.size + size <= part.bytes:  # all of it fits: taken at once
+                taken.extend(batch)
+                self.count += len(batch)
+                self.size += size
+                return
         for message in batch:
             body = len(message.body)
             if self.count < part.messages and (not self.count or self.size + body <= part.bytes):
@@ -485,9 +492,10 @@ async def _consume_and_stage(
             try:
                 await share.consume()
                 rows = share.rows()
-                table = pa.Table.from_batches([record_batch(rows, arrow_schema, options.topic)])
+                ids = message_ids(rows)
+                batch = record_batch(rows, arrow_schema, options.topic, ids=ids)
                 # the ids too: if nsqd does not confirm their FINs, later tasks know them
-                table = table.append_column(ID_COLUMN, pa.array([m.id for m in rows], pa.binary()))
+                table = pa.Table.from_batches([batch]).append_column(ID_COLUMN, ids)
                 table = table.replace_schema_metadata({NSQD_KEY: part.address.encode()})
                 won = await anyio.to_thread.run_sync(stage, table)
                 await share.answer(won)

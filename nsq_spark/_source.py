@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 
 import anyio
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from anyio.abc import TaskGroup
 from anyio.lowlevel import checkpoint
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -125,31 +126,68 @@ class NSQInputPartition(InputPartition):
         return f"NSQInputPartition({self.value}, rows={len(self)})"
 
 
-def _column(name: str, messages: list[nsq_anyio.Message], topic: str) -> list[Any]:
+def message_ids(messages: Sequence[nsq_anyio.Message]) -> pa.Array:
+    """The ids of ``messages`` as they came (binary)."""
+    return pa.array([m.id for m in messages], pa.binary())
+
+
+def _id_strings(ids: pa.Array) -> pa.Array:
+    """``ids`` as the ``id`` column shows them (see :func:`_message_id`), at once where every
+    id is printable ASCII (nsqd's always are)."""
+    try:
+        text = ids.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: binary ids
+        text = None
+    if text is not None:
+        printable = pc.all(pc.and_(pc.string_is_ascii(text), pc.utf8_is_printable(text))).as_py()
+        if printable is None or printable:
+            return text
+    return pa.array([_message_id(raw) for raw in ids.to_pylist()], pa.string())
+
+
+_CORE_FIELDS = frozenset({"body", "id", "attempts", "timestamp", "trace_id"})
+
+
+def _column(
+    field: pa.Field,
+    messages: Sequence[nsq_anyio.Message],
+    raw: Sequence[nsq_proto.Message],
+    topic: str,
+    ids: pa.Array | None,
+) -> pa.Array:
+    name, kind = field.name, field.type
     if name == "body":
-        return [m.body for m in messages]
+        return pa.array([m.body for m in raw], kind)
     if name == "id":
-        return [_message_id(m.id) for m in messages]
+        return _id_strings(pa.array([m.id for m in raw], pa.binary()) if ids is None else ids)
     if name == "attempts":
-        return [m.attempts for m in messages]
+        return pa.array([m.attempts for m in raw], kind)
     if name == "timestamp":  # nanoseconds to Spark's microseconds
-        return [m.timestamp // 1000 for m in messages]
+        nanoseconds = pa.array([m.timestamp for m in raw], pa.int64())
+        return pc.divide(nanoseconds, 1000).cast(kind)
     if name == "topic":
-        return [topic] * len(messages)
+        return pa.repeat(pa.scalar(topic, kind), len(messages))
     if name == "nsqd":
-        return [m.nsqd_address for m in messages]
+        return pa.array([m.nsqd_address for m in messages], kind)
     if name == "partition":
-        return [m.partition for m in messages]
+        return pa.array([m.partition for m in messages], kind)
     if name == "trace_id":
-        return [m.trace_id for m in messages]
+        return pa.array([m.trace_id for m in raw], kind)
     raise ValueError(f"the nsq source has no column {name!r}")
 
 
 def record_batch(
-    messages: list[nsq_anyio.Message], arrow_schema: pa.Schema, topic: str
+    messages: Sequence[nsq_anyio.Message],
+    arrow_schema: pa.Schema,
+    topic: str,
+    *,
+    ids: pa.Array | None = None,
 ) -> pa.RecordBatch:
-    """The rows of ``messages`` as one Arrow record batch of ``arrow_schema``'s columns."""
-    arrays = [pa.array(_column(f.name, messages, topic), type=f.type) for f in arrow_schema]
+    """The rows of ``messages`` as one Arrow record batch of ``arrow_schema``'s columns
+    (``ids``: their :func:`message_ids`, if made already)."""
+    # the core's messages: their fields are plain attributes
+    raw = [m.raw for m in messages] if _CORE_FIELDS.intersection(arrow_schema.names) else []
+    arrays = [_column(f, messages, raw, topic, ids) for f in arrow_schema]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 

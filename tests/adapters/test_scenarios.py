@@ -393,6 +393,10 @@ async def test_get_many_and_finish_many(lib: ModuleType) -> None:
             async with lib.Consumer("t", "other", nsqd_tcp_addresses=addresses) as other:
                 with pytest.raises(LocalProtocolError, match="another consumer"):
                     await other.finish_many(got[1:])
+            # one message given twice, after others: none is marked
+            with pytest.raises(LocalProtocolError, match="already been answered"):
+                await c.finish_many([*got[1:4], got[2]])
+            assert not any(m.has_responded for m in got[1:])
             await c.finish_many(got[1:])
             assert all(m.has_responded for m in got)
             with anyio.fail_after(TIMEOUT):

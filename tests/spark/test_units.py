@@ -23,6 +23,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StringType, StructField, StructType
 
+import nsq_proto
 from nsq_client import ConsumerConnectionStats
 from nsq_spark import (
     SCHEMA,
@@ -507,9 +508,10 @@ def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
         }
     )
     reader = NSQStreamReader(options, schema, handle_sigterm=False)
-    message = SimpleNamespace(id=b"0123456789abcdef", body=b"text")
+    core = nsq_proto.Message(b"0123456789abcdef", 0, 1, b"text")
+    message = SimpleNamespace(id=core.id, body=core.body, raw=core)
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    # a stand-in for the message: only the attributes of the schema's columns are read
+    # a stand-in for the message: only what the schema's columns need is read
     part = NSQInputPartition(0, record_batch([message], arrow_schema, "t"))  # type: ignore[list-item]
     (batch,) = list(reader.read(pickle.loads(pickle.dumps(part))))
     assert batch.to_pylist() == [{"id": "0123456789abcdef", "body": "text"}]
@@ -520,6 +522,40 @@ def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
 def test_message_ids() -> None:
     assert _message_id(b"0a1b2c3d4e5f6071") == "0a1b2c3d4e5f6071"
     assert _message_id(b"\x00\x01" + b"\xff" * 14) == "0001" + "ff" * 14
+
+
+def test_record_batch_columns() -> None:
+    def stand_in(core: nsq_proto.Message, nsqd: str, partition: int | None) -> Any:
+        return SimpleNamespace(raw=core, id=core.id, nsqd_address=nsqd, partition=partition)
+
+    nsqd_ids = [b"0a1b2c3d4e5f6071", b"0a1b2c3d4e5f6072"]
+    binary = b"\x00\x01" + b"\xff" * 14
+    cases = {
+        "nsqd": [
+            stand_in(nsq_proto.Message(i, 1_795_700_331_123_456_789, 2, b"b"), "a:1", None)
+            for i in nsqd_ids
+        ],
+        # the partitioned server's binary ids, among printable ones: each shown as it would be
+        "partitioned": [
+            stand_in(nsq_proto.Message(i, 7_999, 1, b"", trace_id=9), "b:2", 3)
+            for i in [*nsqd_ids, binary, b"ab\x7fcd"]
+        ],
+        "none": [],
+    }
+    arrow_schema = to_arrow_schema(SCHEMA, timezone="UTC")
+    for name, messages in cases.items():
+        rows = record_batch(messages, arrow_schema, "t").to_pylist()
+        assert len(rows) == len(messages), name
+        for row, m in zip(rows, messages, strict=True):
+            core = m.raw
+            assert row["id"] == _message_id(core.id)
+            assert (row["body"], row["attempts"]) == (core.body, core.attempts)
+            micros = row["timestamp"].timestamp() * 1e6
+            assert abs(micros - core.timestamp // 1000) < 2  # microseconds, truncated
+            assert (row["topic"], row["nsqd"]) == ("t", m.nsqd_address)
+            assert (row["partition"], row["trace_id"]) == (m.partition, core.trace_id)
+    ids = [r["id"] for r in record_batch(cases["partitioned"], arrow_schema, "t").to_pylist()]
+    assert ids[2:] == ["0001" + "ff" * 14, "6162" + "7f" + "6364"]
 
 
 # -- the sink's batching ---------------------------------------------------------------------
