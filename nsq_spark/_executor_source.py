@@ -62,7 +62,13 @@ import nsq_anyio
 from nsq_proto import parse_lookup_response
 
 from ._options import SourceOptions
-from ._source import ConnectTimeout, check_columns, message_ids, record_batch
+from ._source import (
+    ConnectTimeout,
+    check_columns,
+    fewer_collections,
+    message_ids,
+    record_batch,
+)
 from ._staging import ID_COLUMN, NSQD_KEY, Staging, default_staging_location
 
 __all__ = ["NSQExecutorStreamReader", "NSQStagedPartition", "plan_batch"]
@@ -637,9 +643,10 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             def stage(rows: pa.Table) -> bool:
                 return self.staging.publish(run, batch, index, rows)
 
-            table, won, confirmed = anyio.run(
-                _consume_and_stage, self.options, partition.part, arrow_schema, stage, suspects
-            )
+            with fewer_collections():
+                table, won, confirmed = anyio.run(
+                    _consume_and_stage, self.options, partition.part, arrow_schema, stage, suspects
+                )
             if won and confirmed:
                 try:
                     self.staging.confirm(run, batch, index)

@@ -660,6 +660,22 @@ def _tune_gc() -> None:
         gc.set_threshold(GC_THRESHOLD, max(second, 50), max(third, 100))
 
 
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """The collector's first threshold at :data:`GC_THRESHOLD` for the block, then as it was:
+    a task on an executor receives and holds its whole share (tens of thousands of messages,
+    a few objects each) before it answers any, and with Python's default of 700 the cyclic
+    collector walked them all over and over, about a third of the task's CPU.  The Python
+    worker that runs the task may run other code after it, so the thresholds are restored."""
+    saved = gc.get_threshold()
+    if 0 < saved[0] < GC_THRESHOLD:
+        gc.set_threshold(GC_THRESHOLD, max(saved[1], 50), max(saved[2], 100))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
 class _Runtime:
     """The reader's live part: a loop thread and the feed on it (never pickled)."""
 
