@@ -270,7 +270,7 @@ def _connection(r: _Reader, *, lookupd_alone_ok: bool) -> ConnectionOptions:
 #: ``max_messages_per_partition`` and ``max_bytes_per_partition``
 EXECUTOR_MESSAGES_PER_TRIGGER = 1_000_000
 EXECUTOR_BYTES_PER_TRIGGER = 256 * 1024 * 1024
-EXECUTOR_MESSAGES_PER_PARTITION = 50_000
+EXECUTOR_MESSAGES_PER_PARTITION = 100_000
 EXECUTOR_BYTES_PER_PARTITION = 32 * 1024 * 1024
 
 

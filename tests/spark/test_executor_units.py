@@ -33,7 +33,7 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
     assert (o.read_mode, o.nsqd_http_addresses) == ("executors", ("a:2", "b:2"))
     limits = (o.max_messages_per_trigger, o.max_bytes_per_trigger)
     assert limits == (1_000_000, 256 << 20)
-    assert (o.max_messages_per_partition, o.max_bytes_per_partition) == (50_000, 32 << 20)
+    assert (o.max_messages_per_partition, o.max_bytes_per_partition) == (100_000, 32 << 20)
     assert parse_source_options({**base, "lookupd_http_addresses": "l:1"}).read_mode == "executors"
     reader = NSQDataSource({**base, "lookupd_http_addresses": "l:1"}).streamReader(SCHEMA)
     assert isinstance(reader, NSQExecutorStreamReader)
