@@ -4,6 +4,8 @@ one line of JSON.
 
 ``pipeline NSQD HTTP TOPIC TMP``: writes 40 rows with the sink, reads them back with the source
 (``availableNow`` into parquet under TMP): ``{"rows": [[body, id], ...]}``.
+``read NSQDS HTTPS TOPIC TMP``: reads what waits on the comma-separated nsqd (``availableNow``
+into parquet under TMP, tasks of 500): ``{"rows": [[body, id, nsqd], ...]}``.
 ``errors``: ``{"source": ..., "sink": ..., "batch": ...}``, the text of each error."""
 
 from __future__ import annotations
@@ -51,6 +53,28 @@ def main(argv: list[str]) -> None:
         query.stop()
         rows = spark.read.parquet(f"{tmp}/out").collect()
         print(json.dumps({"rows": [[bytes(r.body).decode(), r.id] for r in rows]}))
+    elif what == "read":
+        nsqds, https, topic, tmp = rest
+        query = (
+            spark.readStream.format("nsq")
+            .option("nsqd_tcp_addresses", nsqds)
+            .option("nsqd_http_addresses", https)
+            .option("topic", topic)
+            .option("channel", "spark")
+            .option("staging_location", f"{tmp}/staging")
+            .option("max_messages_per_partition", 500)
+            .load()
+            .select("body", "id", "nsqd")
+            .writeStream.format("parquet")
+            .option("path", f"{tmp}/out")
+            .option("checkpointLocation", f"{tmp}/cp")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+        query.stop()
+        rows = spark.read.parquet(f"{tmp}/out").collect()
+        print(json.dumps({"rows": [[bytes(r.body).decode(), r.id, r.nsqd] for r in rows]}))
     elif what == "errors":
         options = {
             "nsqd_tcp_addresses": "127.0.0.1:4150",

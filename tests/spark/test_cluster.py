@@ -320,6 +320,41 @@ class ClientWatch:
         self._thread.join(10)
 
 
+class ConnectionOwners:
+    """Samples every 10 ms, while a query runs, which processes hold TCP connections to
+    ``nodes``' TCP ports: ``executor`` (below an executor JVM of a worker) or ``driver``
+    (below the process ``driver_pid``), from the client ends in ``/proc/net/tcp``."""
+
+    def __init__(self, nodes: list[RealNSQD], cluster: Cluster, driver_pid: int) -> None:
+        self.seen: collections.Counter[str] = collections.Counter()
+        self._ports = {int(node.address.rpartition(":")[2]) for node in nodes}
+        self._cluster = cluster
+        self._driver = driver_pid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            inodes = _tcp_inodes(self._ports, remote=True)
+            if not inodes:
+                continue
+            driver = _descendants(self._driver) | {self._driver}
+            workers: set[int] = set()
+            for worker in self._cluster.worker_pids:
+                workers |= _descendants(worker)
+            for inode, pid in _socket_pids(driver | workers).items():
+                if inode in inodes:
+                    if pid in driver:
+                        self.seen["driver"] += 1
+                    elif _executor_jvm_of(pid, self._cluster) is not None:
+                        self.seen["executor"] += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 def _executor_jvm_of(pid: int, cluster: Cluster) -> int | None:
     """The executor JVM above ``pid`` (a Python worker), or ``pid`` itself."""
     while pid > 1:
@@ -539,3 +574,40 @@ def test_speculative_copies_of_a_slow_task_lose_and_duplicate_nothing(
         for e in _task_events(events)
     ]
     assert [a for a in attempts if a[0] == "End" and a[4] and a[5] == "Success"], attempts
+
+
+def test_a_spark_connect_client_reads_on_the_cluster(
+    spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
+) -> None:
+    from .test_connect import CONNECT_DEPS, _importable, client, connect_server
+
+    missing = [m for m in CONNECT_DEPS if not _importable(m)]
+    if missing:
+        pytest.skip(f"Spark Connect needs pyspark's connect extra: missing {', '.join(missing)}")
+    topic = f"cluster-connect-{time.monotonic_ns()}"
+    sent: list[str] = []
+    for i, node in enumerate(two_nsqd):
+        texts = [f"n{i}-{j:05d}" for j in range(3000)]
+        publish(node, topic, [t.encode() for t in texts])
+        sent.extend(texts)
+    # the Connect server is the driver: its process tree must open no connection to nsqd
+    with connect_server(spark_cluster.master) as (url, server):
+        watch = ConnectionOwners(two_nsqd, spark_cluster, server.pid)
+        try:
+            got = client(
+                url,
+                "read",
+                ",".join(n.address for n in two_nsqd),
+                ",".join(n.http for n in two_nsqd),
+                topic,
+                str(tmp_path),
+            )
+        finally:
+            watch.stop()
+    bodies = collections.Counter(body for body, _id, _nsqd in got["rows"])
+    assert sorted(bodies) == sorted(sent) and set(bodies.values()) == {1}
+    assert {nsqd for _body, _id, nsqd in got["rows"]} == {n.address for n in two_nsqd}
+    assert watch.seen["executor"] > 0 and watch.seen["driver"] == 0, watch.seen
+    for node in two_nsqd:
+        final = stats(node, topic)
+        assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)

@@ -7,6 +7,7 @@ zstandard); skipped without it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -49,9 +50,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def connect_url() -> Iterator[str]:
-    """A Spark Connect server (master ``local[2]``) on loopback; its URL."""
+@contextlib.contextmanager
+def connect_server(master: str) -> Iterator[Any]:
+    """A Spark Connect server on loopback whose master is ``master``; (its URL, its process)."""
     env = spark_env()
     port = free_port()
     log_dir = tempfile.mkdtemp(prefix="spark-connect-")
@@ -62,7 +63,7 @@ def connect_url() -> Iterator[str]:
             "--class",
             "org.apache.spark.sql.connect.service.SparkConnectServer",
             "--master",
-            "local[2]",
+            master,
             "--conf",
             "spark.connect.grpc.binding.address=127.0.0.1",
             "--conf",
@@ -95,7 +96,7 @@ def connect_url() -> Iterator[str]:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the Spark Connect server did not start: see {log.name}")
             time.sleep(0.5)
-        yield f"sc://127.0.0.1:{port}"
+        yield f"sc://127.0.0.1:{port}", server
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -105,6 +106,13 @@ def connect_url() -> Iterator[str]:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def connect_url() -> Iterator[str]:
+    """A Spark Connect server (master ``local[2]``) on loopback; its URL."""
+    with connect_server("local[2]") as (url, _server):
+        yield url
 
 
 def client(url: str, *argv: str) -> Any:
