@@ -55,8 +55,14 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
 
 def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
     def plan(depths: dict[str, int], **limits: int) -> list[tuple[str, int, int]]:
-        defaults = {"max_messages": 100, "max_bytes": 1000, "per_partition": 2500}
-        parts = plan_batch(depths, **{**defaults, **limits})
+        o = {"max_messages": 100, "max_bytes": 1000, "per_partition": 2500, **limits}
+        parts = plan_batch(
+            depths,
+            max_messages=o["max_messages"],
+            max_bytes=o["max_bytes"],
+            per_partition=o["per_partition"],
+            min_partitions=o.get("min_partitions", 1),
+        )
         return [(p.address, p.messages, p.bytes) for p in parts]
 
     assert plan({}) == [] and plan({"a": 0, "b": 0}) == []
@@ -77,8 +83,15 @@ def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
 
 def test_the_mean_body_size_bounds_a_batchs_messages_and_splits_it_into_tasks_by_bytes() -> None:
     def plan(depths: dict[str, int], sizes: dict[str, float], **limits: int) -> list[Part]:
-        defaults = {"max_messages": 1000, "max_bytes": 100_000, "per_partition": 500}
-        return plan_batch(depths, sizes=sizes, **{**defaults, **limits})  # type: ignore[arg-type]
+        o = {"max_messages": 1000, "max_bytes": 100_000, "per_partition": 500, **limits}
+        return plan_batch(
+            depths,
+            max_messages=o["max_messages"],
+            max_bytes=o["max_bytes"],
+            per_partition=o["per_partition"],
+            sizes=sizes,
+            max_partition_bytes=o.get("max_partition_bytes"),
+        )
 
     # 1,000 messages of 1,000 bytes do not fit 100,000 bytes: 100 of them do
     parts = plan({"a": 5000}, {"a": 1000.0})
