@@ -270,9 +270,13 @@ def _staged_uncommitted_batch(
 
 @pytest.mark.real_nsqd
 @needs_nsqd
+@pytest.mark.parametrize("where", ["local", "cluster"])
 def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
-    nsqd: RealNSQD, tmp_path: Path
+    nsqd: RealNSQD, tmp_path: Path, where: str, request: pytest.FixtureRequest
 ) -> None:
+    # on the cluster the killed driver's executors go with it, and the driver started again is
+    # a new application with executors of its own
+    master = "local[2]" if where == "local" else request.getfixturevalue("spark_cluster").master
     topic, n = f"executor-restart-{time.monotonic_ns()}", 600
     sent = [f"m{i:05d}".encode() for i in range(n)]
     create_channel(nsqd, topic)
@@ -286,7 +290,7 @@ def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
     # each task waits once its rows are staged and FINished, before it writes them: the batch
     # is read, not yet committed, when the driver is killed
     driver = Driver(
-        "local[2]", [nsqd], topic, tmp_path, "body;id", env={"NSQ_SPARK_PAUSE": "4"}, **options
+        master, [nsqd], topic, tmp_path, "body;id", env={"NSQ_SPARK_PAUSE": "4"}, **options
     )
     try:
 
@@ -306,7 +310,7 @@ def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
     assert staged_ids and _sink_batch(driver.out, batch_id) is None, "killed after its commit"
     assert counts is not None and counts.in_flight == 0  # its messages were FINished
 
-    driver = Driver("local[2]", [nsqd], topic, tmp_path, "body;id", **options)
+    driver = Driver(master, [nsqd], topic, tmp_path, "body;id", **options)
     try:
         rows = wait_for(
             lambda: (r := driver.rows()) and {x["body"] for x in r} == set(sent) and r,
