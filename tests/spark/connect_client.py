@@ -12,6 +12,35 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
+
+
+def read_all(
+    spark: Any, nsqds: str, https: str, topic: str, tmp: str, columns: list[str], **options: int
+) -> list[Any]:
+    """What waits on the nsqd, read with ``availableNow`` into parquet under ``tmp``."""
+    reader = (
+        spark.readStream.format("nsq")
+        .option("nsqd_tcp_addresses", nsqds)
+        .option("nsqd_http_addresses", https)
+        .option("topic", topic)
+        .option("channel", "spark")
+        .option("staging_location", f"{tmp}/staging")
+    )
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    query = (
+        reader.load()
+        .select(*columns)
+        .writeStream.format("parquet")
+        .option("path", f"{tmp}/out")
+        .option("checkpointLocation", f"{tmp}/cp")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(240)
+    query.stop()
+    return list(spark.read.parquet(f"{tmp}/out").collect())
 
 
 def main(argv: list[str]) -> None:
@@ -33,47 +62,12 @@ def main(argv: list[str]) -> None:
             .option("topic", topic)
             .save()
         )
-        query = (
-            spark.readStream.format("nsq")
-            .option("nsqd_tcp_addresses", nsqd)
-            .option("nsqd_http_addresses", http)
-            .option("topic", topic)
-            .option("channel", "spark")
-            .option("staging_location", f"{tmp}/staging")
-            .option("max_messages_per_trigger", 15)
-            .load()
-            .select("body", "id")
-            .writeStream.format("parquet")
-            .option("path", f"{tmp}/out")
-            .option("checkpointLocation", f"{tmp}/cp")
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(180)
-        query.stop()
-        rows = spark.read.parquet(f"{tmp}/out").collect()
+        rows = read_all(spark, nsqd, http, topic, tmp, ["body", "id"], max_messages_per_trigger=15)
         print(json.dumps({"rows": [[bytes(r.body).decode(), r.id] for r in rows]}))
     elif what == "read":
         nsqds, https, topic, tmp = rest
-        query = (
-            spark.readStream.format("nsq")
-            .option("nsqd_tcp_addresses", nsqds)
-            .option("nsqd_http_addresses", https)
-            .option("topic", topic)
-            .option("channel", "spark")
-            .option("staging_location", f"{tmp}/staging")
-            .option("max_messages_per_partition", 500)
-            .load()
-            .select("body", "id", "nsqd")
-            .writeStream.format("parquet")
-            .option("path", f"{tmp}/out")
-            .option("checkpointLocation", f"{tmp}/cp")
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(240)
-        query.stop()
-        rows = spark.read.parquet(f"{tmp}/out").collect()
+        columns = ["body", "id", "nsqd"]
+        rows = read_all(spark, nsqds, https, topic, tmp, columns, max_messages_per_partition=500)
         print(json.dumps({"rows": [[bytes(r.body).decode(), r.id, r.nsqd] for r in rows]}))
     elif what == "errors":
         options = {
