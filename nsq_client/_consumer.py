@@ -350,13 +350,14 @@ class Consumer(ClientBase):
         answers = []
         for i, message in enumerate(batch):
             origin = message._origin
-            if origin.consumer is not self or message._responded:
-                for marked in batch[:i]:
-                    marked._responded = False
+            try:
                 if origin.consumer is not self:
                     raise LocalProtocolError(f"{message!r} was delivered by another consumer")
-                raise LocalProtocolError("this message has already been answered")
-            message._responded = True
+                message._mark()
+            except LocalProtocolError:
+                for marked in batch[:i]:
+                    marked._responded = False
+                raise
             core = message._message
             answers.append((origin.conn_id, core.id, core.attempts))
         self._core.finish_many(answers, self._clock())

@@ -668,8 +668,7 @@ def fewer_collections() -> Iterator[None]:
     collector walked them all over and over, about a third of the task's CPU.  The Python
     worker that runs the task may run other code after it, so the thresholds are restored."""
     saved = gc.get_threshold()
-    if 0 < saved[0] < GC_THRESHOLD:
-        gc.set_threshold(GC_THRESHOLD, max(saved[1], 50), max(saved[2], 100))
+    _tune_gc()
     try:
         yield
     finally:
