@@ -1,7 +1,7 @@
 """Throughput of the ``nsq`` Spark data source on a local Spark (``local[2]``).
 
     python benchmarks/spark_throughput.py                      # against the in-memory emulator
-    python benchmarks/spark_throughput.py --nsqd-tcp-address 127.0.0.1:4150 --count 200000
+    python benchmarks/spark_throughput.py --nsqd-tcp-address 127.0.0.1:4150 --nsqd-http-address 127.0.0.1:4151
 
 ``source``: ``--count`` messages are published first, then a streaming query reads them with
 ``readStream.format("nsq")`` into Spark's ``noop`` sink; the rate runs from the start of the
@@ -9,9 +9,10 @@ first non-empty micro-batch until the last message was read (and its batch commi
 ``sink``: ``spark.range(count)`` rows of ``--size`` bytes go out with ``write.format("nsq")``
 (after a small warm-up write that starts the Python workers).
 
-``--master spark://HOST:PORT`` runs on a standalone cluster (its workers on this machine, or
-with ``PYSPARK_PYTHON`` and ``nsq_spark`` on theirs); with ``--read-mode executors`` the
-executors consume.  ``source: driver side ... CPU s per million rows`` is what the driver's
+The source reads on the executors, as by default (``--read-mode driver``: its driver-side
+reader); against a real nsqd that needs ``--nsqd-http-address`` too.  ``--master
+spark://HOST:PORT`` runs on a standalone cluster (its workers on this machine, or with
+``PYSPARK_PYTHON`` and ``nsq_spark`` on theirs).  ``source: driver side ... CPU s per million rows`` is what the driver's
 processes (this one, its JVM, their Python workers; with a ``local`` master the executors too,
 and without ``--nsqd-tcp-address`` the emulator, which runs in this process) spent on the
 source's query.
@@ -464,9 +465,10 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument(
         "--read-mode",
-        default="driver",
+        default="executors",
         choices=["driver", "executors"],
-        help="the source's read_mode (executors needs --nsqd-http-address or lookupd)",
+        help="the source's read_mode (default: the source's, executors: it needs "
+        "--nsqd-http-address or --lookupd-http-address with --nsqd-tcp-address)",
     )
     parser.add_argument(
         "--nsqd-http-address", default=None, help="the HTTP address of --nsqd-tcp-address"
@@ -506,6 +508,15 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated: source, memory, sink")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
+    if (
+        args.read_mode == "executors"
+        and args.nsqd_tcp_address
+        and not (args.nsqd_http_address or args.lookupd_http_address)
+    ):
+        parser.error(
+            "--read-mode executors (the default) asks nsqd's HTTP API how many messages wait: "
+            "give --nsqd-http-address (or --lookupd-http-address), or --read-mode driver"
+        )
     skip = set(args.skip.split(","))
     source_rate = memory_rate = sink_rate = source_cpu = steady_cpu = float("nan")
     steady_without_jit = float("nan")

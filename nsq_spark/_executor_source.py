@@ -25,7 +25,8 @@ FIN refused, knows nsqd processed its FINs and marks its rows confirmed.  ``comm
 keeps the ids of unconfirmed rows (nsqd may deliver those messages again: a later task FINs
 such a copy without making a row of it) and deletes the staged rows of the committed
 batches.  ``availableNow`` takes the
-channel's depth when the query starts and stops once that many messages were planned.
+channel's backlog when the query starts and stops once that many messages were FINished (as
+nsqd's channel counters tell), or nothing of them is ready.
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def plan_batch(
         count = -(-n // per_partition)
         size = sizes.get(address, 0.0)
         if max_partition_bytes is not None and size > 0:
-            count = max(count, math.ceil(n * size / max_partition_bytes))
+            # as many tasks as it takes for each one's messages to fit at the mean size
+            fit = max(1, int(max_partition_bytes // size))
+            count = max(count, -(-n // fit))
         tasks[address] = min(n, count)
     while sum(tasks.values()) < min_partitions:
         address = max(tasks, key=lambda a: alloc[a] / tasks[a])
@@ -202,6 +205,40 @@ def _query(**params: str) -> str:
     return urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
 
 
+#: a channel's counters in nsqd's ``/stats``: messages that reached it, then its backlog
+_COUNTERS = ("message_count", "depth", "in_flight_count", "deferred_count")
+
+
+class _AvailableNow:
+    """``availableNow``: what is left of the messages that waited when the run began.
+
+    On each nsqd: the channel's backlog (ready, in flight and deferred) less what reached the
+    channel since the run began, as nsqd's channel counters tell.  A task may take fewer
+    messages than it was planned (its share of the bytes, or nothing more came in time):
+    they are still left, and planned again.  Where nsqd does not tell the counters, the
+    depth when the run began less what was planned since."""
+
+    def __init__(self, depths: Mapping[str, int], counters: Mapping[str, tuple[int, int]]):
+        self.depths = dict(depths)
+        self.counters = dict(counters)
+        self.planned: dict[str, int] = {}
+
+    def left(self, counters: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+        left = {}
+        for address, depth in self.depths.items():
+            then, now = self.counters.get(address), counters.get(address)
+            if then is not None and now is not None:
+                (arrived_then, _), (arrived, backlog) = then, now
+                left[address] = max(0, backlog - (arrived - arrived_then))
+            else:
+                left[address] = max(0, depth - self.planned.get(address, 0))
+        return left
+
+    def plan(self, parts: Sequence[Part]) -> None:
+        for part in parts:
+            self.planned[part.address] = self.planned.get(part.address, 0) + part.messages
+
+
 class _Planner:
     """What the driver knows: which nsqd have the topic, and how many messages wait."""
 
@@ -213,6 +250,10 @@ class _Planner:
         #: TCP address -> the mean body size of the topic's messages on that nsqd (where
         #: its stats tell: ``message_bytes`` / ``message_count``)
         self.sizes: dict[str, float] = {}
+        #: TCP address -> the channel's counters at the last stats, where nsqd tells them:
+        #: (messages that reached the channel, its backlog: ready, in flight and deferred);
+        #: a channel the planner creates counts the topic's messages as reached already
+        self.counters: dict[str, tuple[int, int]] = {}
         self._context: ssl.SSLContext | None = None
 
     def _tls(self) -> ssl.SSLContext:
@@ -244,9 +285,13 @@ class _Planner:
         depths: dict[str, int] = {}
         for tcp, http in self.nodes().items():
             try:
-                depths[tcp], size = self._depth(http)
+                depths[tcp], size, counters = self._depth(http)
                 if size is not None:
                     self.sizes[tcp] = size
+                if counters is not None:
+                    self.counters[tcp] = counters
+                else:
+                    self.counters.pop(tcp, None)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 self.last_error = f"nsqd: {http}: {exc}"
                 log.warning("the nsq source could not ask nsqd %s for its stats: %s", http, exc)
@@ -268,17 +313,24 @@ class _Planner:
             )
         return depths
 
-    def _depth(self, http: str) -> tuple[int, float | None]:
-        """The messages waiting on the channel, and the topic's mean body size if known."""
+    def _depth(self, http: str) -> tuple[int, float | None, tuple[int, int] | None]:
+        """The messages waiting on the channel, the topic's mean body size and the channel's
+        counters (see :attr:`counters`) if known."""
         o = self.options
         topic = self._topic_stats(http)
         if topic is None:
-            return 0, None
+            return 0, None, None
         count, size = topic.get("message_count"), topic.get("message_bytes")
         mean = size / count if isinstance(size, int) and isinstance(count, int) and count else None
         for channel in topic.get("channels") or []:
             if channel["channel_name"] == o.channel:
-                return int(channel["depth"]), mean
+                depth = int(channel["depth"])
+                fields = [channel.get(k) for k in _COUNTERS]
+                counters = None
+                if all(isinstance(f, int) for f in fields):
+                    arrived, ready, in_flight, deferred = fields
+                    counters = (arrived, ready + in_flight + deferred)
+                return depth, mean, counters
         # a topic without our channel: create it, as a consumer's SUB would, so that messages
         # are kept for it from now on; a topic that had no channel at all hands it what it
         # holds (nsqd moves them over in the background)
@@ -287,10 +339,12 @@ class _Planner:
         if status != 200:
             raise ValueError(f"/channel/create answered {status}")
         if topic.get("channels"):
-            return 0, mean
+            return 0, mean, (0, 0)
         after = self._topic_stats(http) or {}
         depth = max([0] + [int(c["depth"]) for c in after.get("channels") or []])
-        return max(int(topic.get("depth", 0)), depth), mean
+        depth = max(int(topic.get("depth", 0)), depth)
+        # the topic's messages reach the new channel from now on: they count as there now
+        return depth, mean, (depth, depth)
 
     def _topic_stats(self, http: str) -> dict[str, Any] | None:
         o = self.options
@@ -540,8 +594,8 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._planner: _Planner | None = None
         self._run: str | None = None
         self._marked: set[str] = set()
-        #: availableNow: messages still to plan (the depth when the run began)
-        self._available_now_left: int | None = None
+        #: availableNow: what waited when the run began
+        self._available_now: _AvailableNow | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -563,7 +617,8 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return ReadMaxRows(self.options.max_messages_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_left = sum(self.planner.depths().values())
+        depths = self.planner.depths()
+        self._available_now = _AvailableNow(depths, self.planner.counters)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         o = self.options
@@ -573,11 +628,12 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             max_messages = max(1, int(limit.max_rows))
         elif isinstance(limit, ReadMaxBytes):
             max_bytes = min(max_bytes, max(1, int(limit.max_bytes)))
-        if self._available_now_left is not None:
-            max_messages = min(max_messages, self._available_now_left)
-            if max_messages <= 0:
-                return start
         depths = self.planner.depths()
+        if self._available_now is not None:
+            # no more than what is left of what waited when the run began (an nsqd found
+            # since then had nothing for the run)
+            left = self._available_now.left(self.planner.counters)
+            depths = {a: min(d, left.get(a, 0)) for a, d in depths.items()}
         parts = plan_batch(
             depths,
             max_messages=max_messages,
@@ -597,8 +653,8 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if run not in self._marked:
             self.staging.mark(run)
             self._marked.add(run)
-        if self._available_now_left is not None:
-            self._available_now_left -= sum(p.messages for p in parts)
+        if self._available_now is not None:
+            self._available_now.plan(parts)
         return {
             "run": run,
             "batch": int(start.get("batch", 0)) + 1,

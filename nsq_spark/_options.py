@@ -272,6 +272,8 @@ EXECUTOR_MESSAGES_PER_TRIGGER = 1_000_000
 EXECUTOR_BYTES_PER_TRIGGER = 256 * 1024 * 1024
 EXECUTOR_MESSAGES_PER_PARTITION = 100_000
 EXECUTOR_BYTES_PER_PARTITION = 32 * 1024 * 1024
+#: driver: the default of ``max_bytes_in_flight`` (a batch: half of it)
+DRIVER_BYTES_IN_FLIGHT = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -302,8 +304,11 @@ class SourceOptions:
     nsqd_http_addresses: tuple[str, ...] = ()
     #: executors: where tasks stage the rows of a batch (a path or a ``pyarrow.fs`` URI)
     staging_location: str | None = None
-    #: executors: the largest micro-batch in bytes of message bodies
+    #: the largest micro-batch in bytes of message bodies
     max_bytes_per_trigger: int = EXECUTOR_BYTES_PER_TRIGGER
+    #: driver: about the most bytes of message bodies the reader holds (it sizes RDY by the
+    #: bodies it received)
+    max_bytes_in_flight: int = DRIVER_BYTES_IN_FLIGHT
     #: executors: the most messages one task consumes (over several connections when it is
     #: above nsqd's ``--max-rdy-count``, up to ``max_connections_per_nsqd``)
     max_messages_per_partition: int = EXECUTOR_MESSAGES_PER_PARTITION
@@ -363,6 +368,7 @@ _SOURCE_KEYS = _CONNECTION_KEYS | {
         "nsqd_http_addresses",
         "staging_location",
         "max_bytes_per_trigger",
+        "max_bytes_in_flight",
         "max_messages_per_partition",
         "max_bytes_per_partition",
         "task_idle_timeout",
@@ -419,6 +425,10 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         EXECUTOR_MESSAGES_PER_TRIGGER if read_mode == "executors" else max(1, max_in_flight // 2),
         minimum=1,
     )
+    bytes_in_flight = r.text("max_bytes_in_flight")
+    if bytes_in_flight is not None and read_mode == "executors":
+        raise OptionError("option 'max_bytes_in_flight' needs read_mode 'driver'")
+    max_bytes_in_flight = r.integer("max_bytes_in_flight", DRIVER_BYTES_IN_FLIGHT, minimum=1)
     task_idle_timeout = r.seconds("task_idle_timeout", 1.0, minimum=0.001)
     assert task_idle_timeout is not None
     redelivery_window = r.seconds("redelivery_window", 86_400.0, minimum=0.0)
@@ -455,8 +465,13 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         nsqd_http_addresses=r.addresses("nsqd_http_addresses"),
         staging_location=r.text("staging_location"),
         max_bytes_per_trigger=r.integer(
-            "max_bytes_per_trigger", EXECUTOR_BYTES_PER_TRIGGER, minimum=1
+            "max_bytes_per_trigger",
+            EXECUTOR_BYTES_PER_TRIGGER
+            if read_mode == "executors"
+            else max(1, max_bytes_in_flight // 2),
+            minimum=1,
         ),
+        max_bytes_in_flight=max_bytes_in_flight,
         max_messages_per_partition=r.integer(
             "max_messages_per_partition", EXECUTOR_MESSAGES_PER_PARTITION, minimum=1
         ),

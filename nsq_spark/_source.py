@@ -200,6 +200,22 @@ _Held = tuple[nsq_anyio.Message, float, nsq_anyio.Consumer]
 
 #: messages taken from a consumer at once
 _RECEIVE_CHUNK = 4096
+#: the body size the feed expects before it received any: nsqd's default ``--max-msg-size``
+_ASSUMED_BODY_SIZE = 1024 * 1024
+
+
+def _shares(window: int, consumers: int, capacity: int) -> list[int]:
+    """``window`` split between ``consumers`` that may hold ``capacity`` each: the first ones
+    full, the rest what is left (0 when nothing is)."""
+    shares = []
+    left = window
+    for i in range(consumers):
+        share = left if i == consumers - 1 else min(capacity, left)
+        shares.append(share)
+        left -= share
+    return shares
+
+
 #: FINs given between two checkpoints of the loop (others run meanwhile)
 _ANSWER_CHUNK = 2048
 
@@ -214,6 +230,13 @@ class _Feed:
     nsqd may hold, the feed runs several consumers of the channel (up to
     ``max_connections_per_nsqd``) and splits ``max_in_flight`` between them: the RDY of all
     their connections never adds up to more than ``max_in_flight``.
+
+    The feed also holds about ``max_bytes_in_flight`` bytes of bodies at most: nsqd bounds
+    what a connection holds by count (RDY), so the feed's window, the RDY of all its
+    connections, is ``max_bytes_in_flight`` over the body size it expects (and at most
+    ``max_in_flight``).  Until the first messages tell that size, it expects nsqd's default
+    largest message (1 MiB); then a running mean that follows a rise at once and a fall
+    slowly.
     """
 
     options: SourceOptions
@@ -244,6 +267,20 @@ class _Feed:
     _done: anyio.Event | None = None
     _warned_max_timeout: bool = False
     _warned_rdy_cap: bool = False
+    #: bytes of the bodies in ``held``
+    held_bytes: int = 0
+    #: the body size the window expects (0: none received yet)
+    body_size: float = 0.0
+    #: the RDY of all connections together, set by :meth:`_set_window`
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        self.window = self._wanted_window()
+
+    def _wanted_window(self) -> int:
+        o = self.options
+        size = self.body_size or _ASSUMED_BODY_SIZE
+        return max(1, min(o.max_in_flight, int(o.max_bytes_in_flight / max(size, 1.0))))
 
     @property
     def next_seq(self) -> int:
@@ -259,7 +296,7 @@ class _Feed:
                 self._scope = scope
                 async with anyio.create_task_group() as tg:
                     self._task_group = tg
-                    await tg.start(self._consume, o.max_in_flight, self.fresh)
+                    await tg.start(self._consume, self.window, self.fresh)
                     task_status.started()
                     tg.start_soon(self._touch_loop)
                     tg.start_soon(self._finish_loop)
@@ -306,23 +343,38 @@ class _Feed:
             if not caps:
                 continue
             capacity = sum(caps.values())  # of one consumer: one connection per nsqd
-            wanted = min(o.max_connections_per_nsqd, -(-o.max_in_flight // capacity))
+            wanted = min(o.max_connections_per_nsqd, -(-self.window // capacity))
             if wanted <= len(self.consumers):
                 continue
-            # each consumer may hold ``capacity``: the first keeps what it holds already
-            shares = [capacity] * (wanted - 1) + [o.max_in_flight - capacity * (wanted - 1)]
+            shares = _shares(self.window, wanted, capacity)
             for consumer, share in zip(self.consumers, shares, strict=False):
                 consumer.set_max_in_flight(share)
             assert self._task_group is not None
             for share in shares[len(self.consumers) :]:
                 await self._task_group.start(self._consume, share, False)
             log.info(
-                "max_in_flight %d is above what one connection per nsqd may hold (%d): "
-                "%d connections per nsqd",
-                o.max_in_flight,
+                "the source's window of %d messages (max_in_flight, max_bytes_in_flight) is "
+                "above what one connection per nsqd may hold (%d): %d connections per nsqd",
+                self.window,
                 capacity,
                 wanted,
             )
+
+    def _set_window(self, window: int) -> None:
+        """Split ``window`` between the consumers (more open in :meth:`_grow` if needed)."""
+        self.window = window
+        consumers = self.consumers
+        if not consumers:
+            return
+        caps = self._caps(consumers[0])
+        if len(consumers) == 1 or not caps:
+            consumers[0].set_max_in_flight(window)
+            for consumer in consumers[1:]:
+                consumer.set_max_in_flight(0)
+            return
+        shares = _shares(window, len(consumers), sum(caps.values()))
+        for consumer, share in zip(consumers, shares, strict=True):
+            consumer.set_max_in_flight(share)
 
     @staticmethod
     def _caps(consumer: nsq_anyio.Consumer) -> dict[str, int]:
@@ -375,16 +427,29 @@ class _Feed:
     def _receive(self, batch: list[nsq_anyio.Message], consumer: nsq_anyio.Consumer) -> None:
         now = anyio.current_time()
         cutoff = self.available_now_cutoff_ns
+        size = sum([len(m.raw.body) for m in batch])
         if cutoff is None:
             self.held.extend([(message, now, consumer) for message in batch])
+            self.held_bytes += size
         else:
             for message in batch:
                 if message.timestamp > cutoff:
                     self.later.append((message, now, consumer))
                 else:
                     self.held.append((message, now, consumer))
+                    self.held_bytes += len(message.raw.body)
+        self._follow_size(size / len(batch))
         assert self._arrived is not None
         self._arrived.set()
+
+    def _follow_size(self, mean: float) -> None:
+        """Size the window by the bodies received: at once when they grow (what is held must
+        stay bounded), slowly when they shrink."""
+        known = self.body_size
+        self.body_size = mean if not known or mean > known else known + (mean - known) / 8
+        wanted = self._wanted_window()
+        if wanted < self.window * 0.9 or wanted > self.window * 1.25 + 1:
+            self._set_window(wanted)
 
     async def _touch_loop(self) -> None:
         """TOUCH what is held long enough for nsqd to time it out: every ``touch_interval / 2``
@@ -535,19 +600,24 @@ class _Feed:
         held = self.held
         if kind == "min_rows" and planned + len(held) < amount:
             return self.next_seq
+        # a batch is bounded by max_bytes_per_trigger besides Spark's limit in rows
+        rows, max_bytes = len(held), self.options.max_bytes_per_trigger
         if kind == "rows":
-            take = max(0, min(amount - planned, len(held)))
+            rows = max(0, min(amount - planned, len(held)))
         elif kind == "bytes":
-            taken_bytes = sum(len(m.body) for m, _, _ in self.numbered)
-            take = 0
-            for message, _, _ in held:
-                size = len(message.body)
-                if planned + take > 0 and taken_bytes + size > amount:
+            max_bytes = min(max_bytes, amount)
+        taken_bytes = sum(len(m.raw.body) for m, _, _ in self.numbered) if planned else 0
+        if rows == len(held) and taken_bytes + self.held_bytes <= max_bytes:
+            take, size = rows, self.held_bytes
+        else:  # count the bodies up to the limits (the first message goes whatever its size)
+            take = size = 0
+            for message, _, _ in itertools.islice(held, rows):
+                body = len(message.raw.body)
+                if planned + take > 0 and taken_bytes + size + body > max_bytes:
                     break
-                take += 1  # noqa: SIM113 (stops early: not an index)
-                taken_bytes += size
-        else:
-            take = len(held)
+                take += 1
+                size += body
+        self.held_bytes -= size
         if take == len(held):
             self.numbered.extend(held)
             held.clear()
@@ -563,6 +633,11 @@ class _Feed:
         while self.failure is None and not (self._done and self._done.is_set()):
             if rows is not None and len(self.held) >= rows:
                 return
+            if self.held_bytes >= self.options.max_bytes_per_trigger:
+                return  # a batch's worth of bytes
+            holding = len(self.numbered) + len(self.held) + len(self.later) + len(self.finishing)
+            if holding >= self.window:
+                return  # nsqd sends no more before some are answered
             self._arrived = anyio.Event()
             with anyio.move_on_after(idle) as scope:
                 await self._arrived.wait()
@@ -596,6 +671,7 @@ class _Feed:
             else:
                 keep.append(held)
         self.held = keep
+        self.held_bytes = sum(len(m.raw.body) for m, _, _ in keep)
 
     async def shutdown(self) -> None:
         """FIN what was committed, requeue every other message held and unanswered, then
@@ -607,6 +683,7 @@ class _Feed:
         pending = self._all_held()
         self.numbered.clear()
         self.held.clear()
+        self.held_bytes = 0
         self.later.clear()
         for message, _, _ in pending:
             await self._answer(message, finish=False)

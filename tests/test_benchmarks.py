@@ -102,6 +102,8 @@ def test_the_spark_benchmark_runs_against_a_real_nsqd(nsqd: Nsqd) -> None:
         str(BENCHMARKS / "spark_throughput.py"),
         "--nsqd-tcp-address",
         nsqd.tcp_address,
+        "--nsqd-http-address",
+        f"127.0.0.1:{nsqd.http}",
         "--count",
         "20000",
         "--max-messages-per-trigger",

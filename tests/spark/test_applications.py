@@ -327,3 +327,121 @@ def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
     copies = collections.Counter(r["body"] for r in rows)
     assert [b for b, c in copies.items() if c > 1] == []
     assert sorted(copies) == sorted(sent)
+
+
+# ---------------------------------------------------------------------------------------------
+# large bodies with the default options and Spark's default memory
+
+LARGE_JOB = """
+import json
+import sys
+
+from pyspark.sql import SparkSession
+
+from nsq_spark import NSQDataSource
+
+nsqd, http, topic, channel, mode, staging = sys.argv[1:]
+spark = (
+    SparkSession.builder.master("local[2]")
+    .config("spark.ui.enabled", "false")
+    .config("spark.driver.bindAddress", "127.0.0.1")
+    .config("spark.driver.host", "127.0.0.1")
+    .getOrCreate()
+)
+spark.sparkContext.setLogLevel("ERROR")
+spark.dataSource.register(NSQDataSource)
+heads = []
+query = (
+    spark.readStream.format("nsq")
+    .option("nsqd_tcp_addresses", nsqd)
+    .option("nsqd_http_addresses", http)
+    .option("topic", topic)
+    .option("channel", channel)
+    .option("read_mode", mode)
+    .option("staging_location", staging)
+    .load()
+    .writeStream.foreachBatch(
+        lambda df, _: heads.extend(
+            r.head for r in df.selectExpr("cast(substr(body, 1, 12) as string) as head").collect()
+        )
+    )
+    .trigger(availableNow=True)
+    .start()
+)
+query.awaitTermination()
+print("HEADS", json.dumps(heads))
+spark.stop()
+"""
+
+
+class _PeakRSS:
+    """The largest resident set of any Python process under ``pid``, sampled every 0.2 s."""
+
+    def __init__(self, pid: int) -> None:
+        from .test_driver_restarts import _descendants
+
+        self.peak: dict[str, int] = {}
+        self._done = threading.Event()
+
+        def sample() -> None:
+            while not self._done.wait(0.2):
+                for p in _descendants(pid):
+                    try:
+                        exe = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0]
+                        status = Path(f"/proc/{p}/status").read_text()
+                    except OSError:
+                        continue
+                    if b"python" not in os.path.basename(exe) or "VmRSS:" not in status:
+                        continue
+                    rss = int(status.split("VmRSS:")[1].split()[0]) * 1024
+                    self.peak[str(p)] = max(self.peak.get(str(p), 0), rss)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join(10)
+        return max(self.peak.values(), default=0)
+
+
+@pytest.mark.real_nsqd
+@needs_nsqd
+@pytest.mark.parametrize("mode", ["executors", "driver"])
+def test_large_bodies_with_the_default_options_and_memory(
+    nsqd: RealNSQD, tmp_path: Path, mode: str
+) -> None:
+    """5,000 bodies of 200 KB (1 GB) on ``local[2]``: Spark's default memory (a 1 GB driver)
+    and the source's default options, in either read mode. Every message arrives once, and no
+    Python process holds anything near the gigabyte."""
+    topic, n, size = f"large-{mode}-{time.monotonic_ns()}", 5_000, 200_000
+    create_channel(nsqd, topic)
+    for at in range(0, n, 20):  # MPUB of 4 MB (nsqd's --max-body-size is 5 MB)
+        nsqd.publish(topic, [f"{i:05d}".encode().ljust(size, b"x") for i in range(at, at + 20)])
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent(LARGE_JOB))
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    argv = [sys.executable, str(job), nsqd.address, nsqd.http, topic, CHANNEL, mode]
+    proc = subprocess.Popen(
+        [*argv, str(tmp_path / "staging")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    rss = _PeakRSS(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        peak = rss.stop()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    lines = [line for line in out.decode().splitlines() if line.startswith("HEADS ")]
+    heads = collections.Counter(h[:5] for h in json.loads(lines[0][6:]))
+    assert sorted(heads) == [f"{i:05d}" for i in range(n)] and set(heads.values()) == {1}
+    counts = nsqd.counts(topic)
+    assert counts is not None and (counts.depth, counts.in_flight) == (0, 0)
+    # the largest Python process (driver, source runner, worker) held a small part of it
+    assert peak < 1 << 30, f"a Python process reached {peak >> 20} MB"

@@ -110,6 +110,18 @@ def test_the_mean_body_size_bounds_a_batchs_messages_and_splits_it_into_tasks_by
     assert plan({"a": 5000}, {"a": 10.0}) == plan({"a": 5000}, {})
     # a single huge message still makes a task
     assert [(p.messages, p.bytes) for p in plan({"a": 3}, {"a": 1e9})] == [(1, 100_000)]
+    # the defaults with 200 KB bodies: each task's messages fit its bytes (168 of them in a
+    # task of 32 MiB would not: the task would stop one short of its plan)
+    parts = plan(
+        {"a": 5000},
+        {"a": 200_000.0},
+        max_messages=1_000_000,
+        max_bytes=256 << 20,
+        per_partition=100_000,
+        max_partition_bytes=32 << 20,
+    )
+    assert sum(p.messages for p in parts) == (256 << 20) // 200_000
+    assert all(p.messages * 200_000 <= p.bytes for p in parts), parts
 
 
 # -- staging ---------------------------------------------------------------------------------
@@ -192,6 +204,34 @@ def test_tasks_consume_stage_and_replay(emulator: Emulator, tmp_path: Path) -> N
     # committed batches leave nothing staged behind
     run = start["run"]
     assert [p.name for p in (tmp_path / "stage" / run).iterdir()] == ["_source"]
+
+
+def test_available_now_plans_again_what_tasks_left_of_their_plan(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    """Bodies of 1,900 bytes, then of 100 (a mean of 1,000): tasks planned 10 messages of
+    10,000 bytes stop after 5 of the large ones.  The run ends once every message that waited
+    when it began was read, not once that many were planned."""
+    topic = "exec-available-now-short"
+    bodies = [f"L{i:02d}".encode().ljust(1900, b"x") for i in range(30)]
+    bodies += [f"S{i:02d}".encode().ljust(100, b"x") for i in range(30)]
+    emulator.publish(topic, bodies)
+    r = reader(emulator, topic, tmp_path, max_bytes_per_partition=10_000)
+    start = r.initialOffset()
+    r.prepareForTriggerAvailableNow()
+    emulator.publish(topic, [b"after-the-start"] * 5)
+    seen: list[bytes] = []
+    batches = 0
+    while True:
+        end, parts = plan_next(r, start)
+        if end == start:
+            break
+        batches += 1
+        seen.extend(row["body"][:3] for p in parts for row in rows(r, p))
+        r.commit(end)
+        start = end
+    assert sorted(seen) == sorted(b[:3] for b in bodies) and batches == 2
+    assert emulator.channel_stats(topic, "c").depth == 5  # published after the run began
 
 
 def test_an_idle_topic_makes_no_batch(emulator: Emulator, tmp_path: Path) -> None:

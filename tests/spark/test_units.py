@@ -394,6 +394,55 @@ def connections(reader: NSQStreamReader) -> list[ConsumerConnectionStats]:
     return runtime.loop.call(collect)
 
 
+def test_the_driver_reader_holds_about_max_bytes_in_flight_of_large_bodies(
+    emulator: Emulator, readers: list[NSQStreamReader]
+) -> None:
+    """400 bodies of 10,000 bytes with max_bytes_in_flight 200,000: nsqd never has more than
+    about 20 of them in flight to the reader, a batch carries at most 100,000 bytes (half of
+    it, the default of max_bytes_per_trigger) whatever rows Spark allows, and every message
+    is read once."""
+    topic, n, size = "units-large-bodies", 400, 10_000
+    emulator.publish(topic, [f"{i:04d}".encode().ljust(size, b"x") for i in range(n)])
+    reader = make_reader(emulator, topic, max_bytes_in_flight=200_000)
+    readers.append(reader)
+    start = reader.initialOffset()
+    peak, seen = 0, list[bytes]()
+    deadline = time.monotonic() + 60
+    while len(seen) < n and time.monotonic() < deadline:
+        time.sleep(0.05)  # what arrives meanwhile
+        peak = max(peak, emulator.channel_stats(topic, "c").in_flight_count)
+        end = reader.latestOffset(start, ReadMaxRows(1000))
+        parts = reader.partitions(start, end)
+        batch = [row for part in parts for row in _batch(part).to_pylist()]
+        assert sum(len(row["body"]) for row in batch) <= 100_000
+        seen.extend(row["body"][:4] for row in batch)
+        reader.commit(end)
+        start = end
+    assert sorted(seen) == [f"{i:04d}".encode() for i in range(n)]
+    assert 0 < peak <= 22  # 20, and what was on its way while RDY went down
+    stats = wait_for(
+        lambda: (s := emulator.channel_stats(topic, "c")).in_flight_count == 0 and s, 10, 0.05
+    )
+    assert (stats.depth, stats.requeue_count) == (0, 0)
+
+
+def _batch(part: object) -> pa.RecordBatch:
+    assert isinstance(part, NSQInputPartition), part
+    return part.batch
+
+
+def test_max_bytes_in_flight_is_an_option_of_the_driver_reader() -> None:
+    base = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "127.0.0.1:4150"}
+    o = parse_source_options({**base, "read_mode": "driver"})
+    assert (o.max_bytes_in_flight, o.max_bytes_per_trigger) == (128 << 20, 64 << 20)
+    o = parse_source_options({**base, "read_mode": "driver", "max_bytes_in_flight": "1000"})
+    assert (o.max_bytes_in_flight, o.max_bytes_per_trigger) == (1000, 500)
+    with pytest.raises(OptionError, match="'max_bytes_in_flight' needs read_mode 'driver'"):
+        parse_source_options(
+            {**base, "nsqd_http_addresses": "127.0.0.1:4151", "max_bytes_in_flight": "1000"}
+        )
+
+
 def test_max_in_flight_above_nsqds_cap_opens_more_connections(
     emulator: Emulator, readers: list[NSQStreamReader]
 ) -> None:
