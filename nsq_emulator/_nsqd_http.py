@@ -441,14 +441,28 @@ def stats_object(
                         _client_json(conn, topic_filter, wall)  # type: ignore[arg-type]
                         for conn in c.clients.values()
                     ]
+                depth, message_count = c.depth, c.message_count
+                extra: dict[str, Any] = {}
+                if t.partition >= 0:
+                    # the partitioned server's channel is a reader of the topic's queue: its
+                    # depth counts every unconfirmed message (in flight and deferred too), with
+                    # their bytes, and its message count is the topic's
+                    unconfirmed = [
+                        *c.queue,
+                        *(f.message for f in c.in_flight.values()),
+                        *(d[0] for d in c.deferred.values()),
+                    ]
+                    depth, message_count = len(unconfirmed), t.message_count
+                    extra["depth_size"] = sum(len(m.body) for m in unconfirmed)
                 channels_json.append(
                     {
                         "channel_name": c.name,
-                        "depth": c.depth,
-                        "backend_depth": max(0, c.depth - mem_size),
+                        "depth": depth,
+                        **extra,
+                        "backend_depth": max(0, depth - mem_size),
                         "in_flight_count": len(c.in_flight),
                         "deferred_count": len(c.deferred),
-                        "message_count": c.message_count,
+                        "message_count": message_count,
                         "requeue_count": c.requeue_count,
                         "timeout_count": c.timeout_count,
                         "client_count": len(c.clients),
@@ -460,17 +474,19 @@ def stats_object(
             entry: dict[str, Any] = {"topic_name": t.name}
             if t.partition >= 0:
                 entry["topic_partition"] = str(t.partition)
+                entry["is_leader"] = nsqd.is_leader(t.name, t.partition)
             entry.update(
                 {
                     "channels": channels_json,
                     "depth": t.depth,
                     "backend_depth": max(0, t.depth - mem_size),
                     "message_count": t.message_count,
-                    "message_bytes": t.message_bytes,
-                    "paused": t.paused,
-                    "e2e_processing_latency": dict(_E2E),
                 }
             )
+            if t.partition < 0:  # (the partitioned server does not tell)
+                entry["message_bytes"] = t.message_bytes
+            entry["paused"] = t.paused
+            entry["e2e_processing_latency"] = dict(_E2E)
             topics_json.append(entry)
     producers: list[dict[str, Any]] | None = None
     if include_clients and not (topic_filter and topics_json is None):

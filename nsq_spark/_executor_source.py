@@ -89,11 +89,22 @@ _CHUNK = 1024
 @dataclass(frozen=True)
 class Part:
     """One input partition of a batch's plan: consume up to ``messages`` / ``bytes`` from the
-    nsqd at ``address`` (its TCP address)."""
+    nsqd at ``address`` (its TCP address), from its NSQ ``partition`` on the partitioned
+    server."""
 
     address: str
     messages: int
     bytes: int
+    partition: int | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the part reads: the nsqd, and its partition if any."""
+        return _source(self.address, self.partition)
+
+
+def _source(address: str, partition: int | None) -> str:
+    return address if partition is None else f"{address} partition {partition}"
 
 
 def plan_batch(
@@ -105,9 +116,11 @@ def plan_batch(
     min_partitions: int = 1,
     sizes: Mapping[str, float] | None = None,
     max_partition_bytes: int | None = None,
+    sources: Mapping[str, tuple[str, int | None]] | None = None,
 ) -> list[Part]:
-    """Split a batch of at most ``max_messages`` and ``max_bytes`` over the nsqd whose channel
-    has ``depths[address]`` messages waiting: each nsqd gets its fair share (what one does
+    """Split a batch of at most ``max_messages`` and ``max_bytes`` over the nsqd (or NSQ
+    partitions: ``sources`` tells where each key reads) whose channel has ``depths[key]``
+    messages waiting: each nsqd gets its fair share (what one does
     not need goes to the others), each partition at most ``per_partition`` messages and
     ``max_partition_bytes`` bytes, and at least ``min_partitions`` partitions when there are
     messages enough.
@@ -156,7 +169,8 @@ def plan_batch(
             limit = max_bytes * n // total
             if max_partition_bytes is not None:
                 limit = min(limit, max_partition_bytes)
-            parts.append(Part(address, n, max(1, limit)))
+            where = sources.get(address, (address, None)) if sources else (address, None)
+            parts.append(Part(where[0], n, max(1, limit), where[1]))
     return parts
 
 
@@ -172,7 +186,7 @@ class NSQStagedPartition(InputPartition):
     def __repr__(self) -> str:
         p = self.part
         return (
-            f"NSQStagedPartition({self.value}, batch={self.batch}, nsqd={p.address}, "
+            f"NSQStagedPartition({self.value}, batch={self.batch}, nsqd={p.source}, "
             f"messages={p.messages}, bytes={p.bytes})"
         )
 
@@ -236,7 +250,7 @@ class _AvailableNow:
 
     def plan(self, parts: Sequence[Part]) -> None:
         for part in parts:
-            self.planned[part.address] = self.planned.get(part.address, 0) + part.messages
+            self.planned[part.source] = self.planned.get(part.source, 0) + part.messages
 
 
 class _Planner:
@@ -247,10 +261,14 @@ class _Planner:
         self.started = time.monotonic()
         self.answered = False
         self.last_error: str | None = None
-        #: TCP address -> the mean body size of the topic's messages on that nsqd (where
-        #: its stats tell: ``message_bytes`` / ``message_count``)
+        #: what the planner reads, by key (:attr:`Part.source`): an nsqd's TCP address, with
+        #: an NSQ partition on the partitioned server
+        self.sources: dict[str, tuple[str, int | None]] = {}
+        #: source -> the mean body size of the messages there (where nsqd's stats tell: the
+        #: channel's ``depth_size`` / ``depth``, or the topic's ``message_bytes`` /
+        #: ``message_count``)
         self.sizes: dict[str, float] = {}
-        #: TCP address -> the channel's counters at the last stats, where nsqd tells them:
+        #: source -> the channel's counters at the last stats, where nsqd tells them:
         #: (messages that reached the channel, its backlog: ready, in flight and deferred);
         #: a channel the planner creates counts the topic's messages as reached already
         self.counters: dict[str, tuple[int, int]] = {}
@@ -280,23 +298,30 @@ class _Planner:
         return nodes
 
     def depths(self) -> dict[str, int]:
-        """TCP address -> messages waiting on the channel (ready, not in flight or deferred)."""
+        """Source (see :attr:`sources`) -> messages waiting on the channel there (ready, not
+        in flight or deferred)."""
         o = self.options
         depths: dict[str, int] = {}
         for tcp, http in self.nodes().items():
             try:
-                depths[tcp], size, counters = self._depth(http)
-                if size is not None:
-                    self.sizes[tcp] = size
-                if counters is not None:
-                    self.counters[tcp] = counters
-                else:
-                    self.counters.pop(tcp, None)
+                found = self._depths(http)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 self.last_error = f"nsqd: {http}: {exc}"
                 log.warning("the nsq source could not ask nsqd %s for its stats: %s", http, exc)
                 continue
             self.answered = True
+            for partition, depth, size, counters in found:
+                if o.partitions is not None and partition not in o.partitions:
+                    continue
+                key = _source(tcp, partition)
+                self.sources[key] = (tcp, partition)
+                depths[key] = depth
+                if size is not None:
+                    self.sizes[key] = size
+                if counters is not None:
+                    self.counters[key] = counters
+                else:
+                    self.counters.pop(key, None)
         if not self.answered and time.monotonic() - self.started > o.connect_timeout:
             c = o.connection
             where = ", ".join(
@@ -313,40 +338,89 @@ class _Planner:
             )
         return depths
 
-    def _depth(self, http: str) -> tuple[int, float | None, tuple[int, int] | None]:
-        """The messages waiting on the channel, the topic's mean body size and the channel's
-        counters (see :attr:`counters`) if known."""
-        o = self.options
-        topic = self._topic_stats(http)
-        if topic is None:
-            return 0, None, None
-        count, size = topic.get("message_count"), topic.get("message_bytes")
-        mean = size / count if isinstance(size, int) and isinstance(count, int) and count else None
+    def _depths(
+        self, http: str
+    ) -> list[tuple[int | None, int, float | None, tuple[int, int] | None]]:
+        """For each place of the topic on the nsqd at ``http`` (one, or each partition it
+        leads on the partitioned server): its partition, the messages waiting on the channel,
+        their mean body size and the channel's counters (see :attr:`counters`) if known."""
+        found = []
+        for topic in self._topic_stats(http):
+            partitioned = "topic_partition" in topic
+            if partitioned and topic.get("is_leader") is False:
+                continue  # a replica: its leader is read
+            partition = int(topic["topic_partition"]) if partitioned else None
+            channel = self._channel(topic)
+            if channel is not None:
+                found.append((partition, *self._waiting(topic, channel, partitioned)))
+                continue
+            # a topic without our channel: create it, as a consumer's SUB would, so that
+            # messages are kept for it from now on
+            self._create_channel(http, partition)
+            if partitioned or topic.get("channels"):
+                # it starts empty (the partitioned server's at the end of the topic); what
+                # reached the topic so far never reaches it
+                arrived = topic.get("message_count") if partitioned else 0
+                counters = (arrived, 0) if isinstance(arrived, int) else None
+                found.append((partition, 0, self._mean(topic, None), counters))
+                continue
+            # nsqd hands a topic's first channel what the topic holds (in the background):
+            # those messages count as there now
+            after = [t for t in self._topic_stats(http) if "topic_partition" not in t]
+            channel = self._channel(after[0]) if after else None
+            depth = int(channel["depth"]) if channel is not None else 0
+            depth = max(int(topic.get("depth", 0)), depth)
+            found.append((None, depth, self._mean(topic, None), (depth, depth)))
+        return found
+
+    def _channel(self, topic: Mapping[str, Any]) -> Mapping[str, Any] | None:
         for channel in topic.get("channels") or []:
-            if channel["channel_name"] == o.channel:
-                depth = int(channel["depth"])
-                fields = [channel.get(k) for k in _COUNTERS]
-                counters = None
-                if all(isinstance(f, int) for f in fields):
-                    arrived, ready, in_flight, deferred = fields
-                    counters = (arrived, ready + in_flight + deferred)
-                return depth, mean, counters
-        # a topic without our channel: create it, as a consumer's SUB would, so that messages
-        # are kept for it from now on; a topic that had no channel at all hands it what it
-        # holds (nsqd moves them over in the background)
-        path = "/channel/create?" + _query(topic=o.topic, channel=o.channel)
-        status, _ = _http(http, path, post=True, tls=self._tls)
+            if channel["channel_name"] == self.options.channel:
+                return dict(channel)
+        return None
+
+    def _create_channel(self, http: str, partition: int | None) -> bool:
+        o = self.options
+        where: dict[str, Any] = {"topic": o.topic, "channel": o.channel}
+        if partition is not None:
+            where["partition"] = partition
+        status, _ = _http(http, "/channel/create?" + _query(**where), post=True, tls=self._tls)
         if status != 200:
             raise ValueError(f"/channel/create answered {status}")
-        if topic.get("channels"):
-            return 0, mean, (0, 0)
-        after = self._topic_stats(http) or {}
-        depth = max([0] + [int(c["depth"]) for c in after.get("channels") or []])
-        depth = max(int(topic.get("depth", 0)), depth)
-        # the topic's messages reach the new channel from now on: they count as there now
-        return depth, mean, (depth, depth)
+        return True
 
-    def _topic_stats(self, http: str) -> dict[str, Any] | None:
+    @staticmethod
+    def _mean(topic: Mapping[str, Any], channel: Mapping[str, Any] | None) -> float | None:
+        """The mean body size: of what waits on the channel where nsqd tells (the partitioned
+        server), else of what the topic received."""
+        if channel is not None:
+            size, depth = channel.get("depth_size"), channel.get("depth")
+            if isinstance(size, int) and isinstance(depth, int) and depth:
+                return size / depth
+        count, size = topic.get("message_count"), topic.get("message_bytes")
+        return size / count if isinstance(size, int) and isinstance(count, int) and count else None
+
+    def _waiting(
+        self, topic: Mapping[str, Any], channel: Mapping[str, Any], partitioned: bool
+    ) -> tuple[int, float | None, tuple[int, int] | None]:
+        """(ready messages, mean body size, counters) of the channel.  nsqd's ``depth`` is
+        what is ready; the partitioned server's counts what is unconfirmed, in flight and
+        deferred too."""
+        ready = int(channel["depth"])
+        fields = [channel.get(k) for k in _COUNTERS]
+        counters = None
+        numbers = [f for f in fields if isinstance(f, int)]
+        if len(numbers) == len(fields):
+            arrived, depth, in_flight, deferred = numbers
+            if partitioned:
+                ready = max(0, depth - in_flight - deferred)
+                counters = (arrived, depth)
+            else:
+                counters = (arrived, depth + in_flight + deferred)
+        return ready, self._mean(topic, channel), counters
+
+    def _topic_stats(self, http: str) -> list[dict[str, Any]]:
+        """The topic's entries in nsqd's stats: one, or one per partition it holds."""
         o = self.options
         # (not filtered by channel: nsqd then leaves out a topic without that channel)
         query = _query(format="json", topic=o.topic, include_clients="false")
@@ -356,10 +430,7 @@ class _Planner:
         stats = json.loads(body)
         if "topics" not in stats and isinstance(stats.get("data"), dict):
             stats = stats["data"]  # the legacy envelope
-        for topic in stats.get("topics") or []:
-            if topic["topic_name"] == o.topic:
-                return dict(topic)
-        return None
+        return [dict(t) for t in stats.get("topics") or [] if t["topic_name"] == o.topic]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,6 +507,9 @@ class _Share:
         kwargs = o.consumer_kwargs()
         kwargs.pop("lookupd_http_addresses", None)
         kwargs["nsqd_tcp_addresses"] = [self.part.address]
+        kwargs.pop("partitions", None)
+        if self.part.partition is not None:
+            kwargs["partitions"] = (self.part.partition,)
         kwargs["max_in_flight"] = max_in_flight
         async with nsq_anyio.Consumer(o.topic, o.channel, **kwargs) as consumer:
             self.consumers.append(consumer)
@@ -556,7 +630,7 @@ async def _consume_and_stage(
                 batch = record_batch(rows, arrow_schema, options.topic, ids=ids)
                 # the ids too: if nsqd does not confirm their FINs, later tasks know them
                 table = pa.Table.from_batches([batch]).append_column(ID_COLUMN, ids)
-                table = table.replace_schema_metadata({NSQD_KEY: part.address.encode()})
+                table = table.replace_schema_metadata({NSQD_KEY: part.source.encode()})
                 won = await anyio.to_thread.run_sync(stage, table)
                 await share.answer(won)
             except Exception as exc:  # the connections still close gracefully
@@ -642,6 +716,7 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             min_partitions=o.num_partitions,
             sizes=self.planner.sizes,
             max_partition_bytes=o.max_bytes_per_partition,
+            sources=self.planner.sources,
         )
         if not parts:
             # Spark asks again at once (every 10 ms with the default trigger): an idle query
@@ -658,7 +733,7 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return {
             "run": run,
             "batch": int(start.get("batch", 0)) + 1,
-            "parts": [[p.address, p.messages, p.bytes] for p in parts],
+            "parts": [_encode(p) for p in parts],
         }
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
@@ -694,7 +769,7 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if table is None:
             self.staging.check_shared(run)
             arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
-            suspects = self.staging.suspects(run, partition.part.address)
+            suspects = self.staging.suspects(run, partition.part.source)
 
             def stage(rows: pa.Table) -> bool:
                 return self.staging.publish(run, batch, index, rows)
@@ -717,11 +792,26 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         yield from table.replace_schema_metadata(None).to_batches()
 
 
+def _encode(part: Part) -> list[Any]:
+    """A part in the offset log: ``[nsqd, messages, bytes]``, and its partition if any."""
+    encoded: list[Any] = [part.address, part.messages, part.bytes]
+    if part.partition is not None:
+        encoded.append(part.partition)
+    return encoded
+
+
+def _decode(encoded: Sequence[Any]) -> Part:
+    address, messages, size, *partition = encoded
+    if len(partition) > 1:
+        raise ValueError("too many fields")
+    return Part(str(address), int(messages), int(size), int(partition[0]) if partition else None)
+
+
 def _plan_of(offset: dict[str, Any]) -> tuple[str | None, int, list[Part]]:
     try:
         run = offset.get("run")
         batch = int(offset.get("batch", 0))
-        parts = [Part(str(a), int(m), int(b)) for a, m, b in offset.get("parts", [])]
+        parts = [_decode(p) for p in offset.get("parts", [])]
     except (AttributeError, TypeError, ValueError):
         raise ValueError(f"not an offset of the nsq source: {offset!r}") from None
     return (None if run is None else str(run)), batch, parts

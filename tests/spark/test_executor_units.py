@@ -5,6 +5,7 @@ location, and the reader called the way Spark calls it (the driver's calls and t
 from __future__ import annotations
 
 import gc
+import json
 import pickle
 import time
 import urllib.request
@@ -545,3 +546,66 @@ def test_the_driver_asks_nsqd_over_https_with_the_tls_options(tmp_path: Path) ->
     finally:
         server.stop()
         server.cleanup()
+
+
+def test_the_partitioned_servers_stats_plan_each_partition_it_leads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The partitioned server lists a topic once per partition; its channel's depth counts the
+    messages in flight and deferred too, and ``depth_size`` their bytes (as a real one
+    answers); a partition it holds as a replica is read from its leader."""
+    from nsq_spark import _executor_source
+
+    def channel(depth: int, in_flight: int, size: int, count: int) -> dict[str, Any]:
+        return {
+            "channel_name": "c",
+            "depth": depth,
+            "depth_size": size,
+            "in_flight_count": in_flight,
+            "deferred_count": 0,
+            "message_count": count,
+        }
+
+    stats = {
+        "topics": [
+            {"topic_name": "t", "topic_partition": "0", "is_leader": True, "depth": 425,
+             "message_count": 9, "channels": [channel(5, 2, 5_000, 9)]},
+            {"topic_name": "t", "topic_partition": "1", "is_leader": True, "depth": 555,
+             "message_count": 4, "channels": [channel(4, 0, 400, 4)]},
+            {"topic_name": "t", "topic_partition": "2", "is_leader": False, "depth": 100,
+             "message_count": 7, "channels": [channel(7, 0, 70, 7)]},
+            {"topic_name": "other", "topic_partition": "0", "is_leader": True, "depth": 1,
+             "message_count": 1, "channels": [channel(1, 0, 1, 1)]},
+        ]
+    }  # fmt: skip
+
+    def answer(address: str, path: str, **_: Any) -> tuple[int, bytes]:
+        assert path.startswith("/stats?")
+        return 200, json.dumps({"status_code": 200, "data": stats}).encode()
+
+    monkeypatch.setattr(_executor_source, "_http", answer)
+    options = parse_source_options(
+        {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "n:4150",
+         "nsqd_http_addresses": "n:4151"}
+    )  # fmt: skip
+    planner = _executor_source._Planner(options)
+    depths = planner.depths()
+    assert depths == {"n:4150 partition 0": 3, "n:4150 partition 1": 4}  # ready only
+    assert planner.sources == {
+        "n:4150 partition 0": ("n:4150", 0),
+        "n:4150 partition 1": ("n:4150", 1),
+    }
+    assert planner.sizes == {"n:4150 partition 0": 1000.0, "n:4150 partition 1": 100.0}
+    assert planner.counters == {"n:4150 partition 0": (9, 5), "n:4150 partition 1": (4, 4)}
+    parts = plan_batch(
+        depths, max_messages=100, max_bytes=1 << 20, per_partition=100, sources=planner.sources
+    )
+    assert sorted((p.address, p.partition, p.messages) for p in parts) == [
+        ("n:4150", 0, 3),
+        ("n:4150", 1, 4),
+    ]
+    # the offset log keeps the partition; a part of a standard nsqd is written as before
+    from nsq_spark._executor_source import _decode, _encode
+
+    assert [_decode(_encode(p)) for p in parts] == parts
+    assert _encode(Part("n:4150", 5, 10)) == ["n:4150", 5, 10]
