@@ -96,3 +96,21 @@ def wait_for(what: Callable[[], Any], timeout: float = 60.0, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def write_available_now(df: Any, out: Any, checkpoint: Any, timeout: float = 180.0) -> list[Any]:
+    """Run ``df`` (a stream) into parquet at ``out`` with ``availableNow`` until it ends, then
+    return every row written there (of this and earlier runs)."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(timeout), "availableNow did not end"
+    finally:
+        query.stop()
+    assert query.exception() is None
+    return list(df.sparkSession.read.parquet(str(out)).collect())

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import Emulator, wait_for
+from .helpers import Emulator, wait_for, write_available_now
 from .test_cluster import Driver
 from .test_driver_restarts import NSQD, RealNSQD
 
@@ -62,7 +62,8 @@ def create_channel(node: RealNSQD, topic: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # a job started as ``.venv/bin/python job.py``
 
-JOB = """
+#: how the jobs below start: their arguments, then a local[2] session with the source
+JOB_START = """
 import json
 import sys
 
@@ -70,7 +71,7 @@ from pyspark.sql import SparkSession
 
 from nsq_spark import NSQDataSource
 
-nsqd, http, topic, staging = sys.argv[1:]
+{arguments} = sys.argv[1:]
 spark = (
     SparkSession.builder.master("local[2]")
     .config("spark.ui.enabled", "false")
@@ -80,6 +81,11 @@ spark = (
 )
 spark.sparkContext.setLogLevel("ERROR")
 spark.dataSource.register(NSQDataSource)
+"""
+
+JOB = (
+    JOB_START.format(arguments="nsqd, http, topic, staging")
+    + """
 
 # the sink: tasks publish
 (
@@ -109,6 +115,7 @@ query.awaitTermination()
 print("ROWS", json.dumps(sorted(bytes(b).decode() for b in got)))
 spark.stop()
 """
+)
 
 
 def test_a_job_run_by_the_virtual_environments_python_finds_nsq_spark_in_its_workers(
@@ -173,7 +180,7 @@ def test_available_now_ends_while_publishing_goes_on_and_loses_nothing(
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
 
     def run() -> list[bytes]:
-        query = (
+        df = (
             spark.readStream.format("nsq")
             .option("nsqd_tcp_addresses", nsqd.address)
             .option("nsqd_http_addresses", nsqd.http)
@@ -184,18 +191,8 @@ def test_available_now_ends_while_publishing_goes_on_and_loses_nothing(
             .option("num_partitions", 2)
             .load()
             .select("body")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
         )
-        try:
-            assert query.awaitTermination(180), "availableNow did not end"
-        finally:
-            query.stop()
-        assert query.exception() is None
-        return [bytes(r.body) for r in spark.read.parquet(str(out)).collect()]
+        return [bytes(r.body) for r in write_available_now(df, out, checkpoint)]
 
     publisher = threading.Thread(target=keep_publishing, daemon=True)
     publisher.start()
@@ -332,24 +329,9 @@ def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
 # ---------------------------------------------------------------------------------------------
 # large bodies with the default options and Spark's default memory
 
-LARGE_JOB = """
-import json
-import sys
-
-from pyspark.sql import SparkSession
-
-from nsq_spark import NSQDataSource
-
-nsqd, http, topic, channel, mode, staging = sys.argv[1:]
-spark = (
-    SparkSession.builder.master("local[2]")
-    .config("spark.ui.enabled", "false")
-    .config("spark.driver.bindAddress", "127.0.0.1")
-    .config("spark.driver.host", "127.0.0.1")
-    .getOrCreate()
-)
-spark.sparkContext.setLogLevel("ERROR")
-spark.dataSource.register(NSQDataSource)
+LARGE_JOB = (
+    JOB_START.format(arguments="nsqd, http, topic, channel, mode, staging")
+    + """
 heads = []
 query = (
     spark.readStream.format("nsq")
@@ -372,6 +354,7 @@ query.awaitTermination()
 print("HEADS", json.dumps(heads))
 spark.stop()
 """
+)
 
 
 class _PeakRSS:

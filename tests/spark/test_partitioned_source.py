@@ -15,6 +15,8 @@ import pytest
 from tests.support.net import http
 from tests.support.partitioned import NEEDS_CLUSTER, PartitionedCluster, partitioned_cluster
 
+from .helpers import write_available_now
+
 pytestmark = [pytest.mark.spark, pytest.mark.real_nsqd, NEEDS_CLUSTER]
 
 PER_PARTITION = 150
@@ -57,24 +59,13 @@ def read(spark: Any, tmp_path: Path, topic: str, **options: str) -> list[Any]:
     reader = spark.readStream.format("nsq").option("topic", topic).option("channel", "c")
     for name, value in options.items():
         reader = reader.option(name, value)
-    out = tmp_path / "out"
-    query = (
+    df = (
         reader.option("staging_location", str(tmp_path / "staging"))
         .option("max_messages_per_trigger", "100")
         .load()
         .select("body", "partition")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
     )
-    try:
-        assert query.awaitTermination(180), "availableNow did not end"
-    finally:
-        query.stop()
-    assert query.exception() is None
-    return list(spark.read.parquet(str(out)).collect())
+    return write_available_now(df, tmp_path / "out", tmp_path / "checkpoint")
 
 
 @pytest.mark.parametrize("found_by", ["lookupd", "nsqd"])
