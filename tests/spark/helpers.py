@@ -98,9 +98,9 @@ def wait_for(what: Callable[[], Any], timeout: float = 60.0, interval: float = 0
         time.sleep(interval)
 
 
-def write_available_now(df: Any, out: Any, checkpoint: Any, timeout: float = 180.0) -> list[Any]:
-    """Run ``df`` (a stream) into parquet at ``out`` with ``availableNow`` until it ends, then
-    return every row written there (of this and earlier runs)."""
+def run_available_now(df: Any, out: Any, checkpoint: Any, timeout: float = 180.0) -> Any:
+    """Run ``df`` (a stream) into parquet at ``out`` with ``availableNow`` until it ends
+    (failing the test if it does not, or fails); the query."""
     query = (
         df.writeStream.format("parquet")
         .option("path", str(out))
@@ -113,4 +113,11 @@ def write_available_now(df: Any, out: Any, checkpoint: Any, timeout: float = 180
     finally:
         query.stop()
     assert query.exception() is None
+    return query
+
+
+def write_available_now(df: Any, out: Any, checkpoint: Any, timeout: float = 180.0) -> list[Any]:
+    """:func:`run_available_now`, then every row written at ``out`` (by this run and
+    earlier ones)."""
+    run_available_now(df, out, checkpoint, timeout)
     return list(df.sparkSession.read.parquet(str(out)).collect())

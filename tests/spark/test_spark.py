@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from nsq_spark._source import _message_id
 
-from .helpers import Emulator, wait_for
+from .helpers import Emulator, run_available_now, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -259,16 +259,7 @@ def test_available_now_ends_and_loses_nothing(
             maxMessagesPerTrigger=40,
             available_now_idle_timeout=0.5,
         )
-        query = (
-            df.writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(120), "availableNow did not end"
-        assert query.exception() is None
-        return query
+        return run_available_now(df, out, checkpoint, timeout=120)
 
     query = run()
     batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
