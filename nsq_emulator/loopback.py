@@ -247,7 +247,7 @@ async def serve_emulator(
             lookupd_listener = await _listen(host, lookupd_http_port)
             listeners.append(lookupd_listener)
             lk = Lookupd(broadcast_address=host, http_port=_port(lookupd_listener))
-            lk.set_wall_clock(time.time(), now)
+            lk.set_wall_clock(time.time(), anyio.current_time())
             lookupds.append(lk)
             cluster.lookupd_http_addresses.append(f"{host}:{_port(lookupd_listener)}")
         pairs = []
@@ -264,7 +264,8 @@ async def serve_emulator(
                 tls=tls_context is not None or options.tls,
             )
             nsqd = Nsqd(options, now=now)
-            nsqd.set_wall_clock(time.time(), now)  # unless nsqd_options fix wall_clock_offset
+            # (read together: the listeners took time since ``now``)
+            nsqd.set_wall_clock(time.time(), anyio.current_time())  # unless options fix it
             for lk in lookupds:
                 lk.register(nsqd)
             nsqds.append(nsqd)

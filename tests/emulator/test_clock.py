@@ -8,6 +8,10 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from typing import Any
+
+import anyio
+import pytest
 
 from nsq_proto import Consumer, MessageReceived
 from nsq_proto.testing import FIXED_EPOCH, Lookupd, MemoryNetwork, Nsqd, NsqdOptions
@@ -63,3 +67,30 @@ def test_a_fixed_offset_wins_over_the_wall_clock_and_is_the_same_on_every_run() 
 def test_without_a_wall_clock_the_time_is_the_fixed_epoch() -> None:
     timestamp = _one_message(MemoryNetwork(), NsqdOptions(broadcast_address="nsqd1"))
     assert timestamp == round((FIXED_EPOCH + 2.5) * 1e9)
+
+
+def test_serve_emulator_stamps_messages_with_the_time_they_were_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The emulator's wall clock is read together with its loop clock: listeners that take
+    0.3 s to open do not push message timestamps 0.3 s into the future."""
+    from nsq_emulator import loopback
+
+    listen = loopback._listen
+
+    async def slow_listen(*args: Any) -> Any:
+        await anyio.sleep(0.3)
+        return await listen(*args)
+
+    monkeypatch.setattr(loopback, "_listen", slow_listen)
+
+    async def main() -> tuple[int, int, int]:
+        async with loopback.serve_emulator(lookupd=False) as cluster:
+            before = time.time_ns()
+            # what the nsqd stamps a message published now with
+            stamped = cluster.nsqds[0].unix_ns(cluster.now())
+            after = time.time_ns()
+            return before, stamped, after
+
+    before, stamped, after = anyio.run(main)
+    assert before - 1_000_000 <= stamped <= after + 1_000_000
