@@ -379,7 +379,7 @@ class _Planner:
                 return dict(channel)
         return None
 
-    def _create_channel(self, http: str, partition: int | None) -> bool:
+    def _create_channel(self, http: str, partition: int | None) -> None:
         o = self.options
         where: dict[str, Any] = {"topic": o.topic, "channel": o.channel}
         if partition is not None:
@@ -387,7 +387,6 @@ class _Planner:
         status, _ = _http(http, "/channel/create?" + _query(**where), post=True, tls=self._tls)
         if status != 200:
             raise ValueError(f"/channel/create answered {status}")
-        return True
 
     @staticmethod
     def _mean(topic: Mapping[str, Any], channel: Mapping[str, Any] | None) -> float | None:

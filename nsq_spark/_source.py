@@ -202,6 +202,8 @@ _Held = tuple[nsq_anyio.Message, float, nsq_anyio.Consumer]
 _RECEIVE_CHUNK = 4096
 #: the body size the feed expects before it received any: nsqd's default ``--max-msg-size``
 _ASSUMED_BODY_SIZE = 1024 * 1024
+#: FINs given between two checkpoints of the loop (others run meanwhile)
+_ANSWER_CHUNK = 2048
 
 
 def _shares(window: int, consumers: int, capacity: int) -> list[int]:
@@ -214,10 +216,6 @@ def _shares(window: int, consumers: int, capacity: int) -> list[int]:
         shares.append(share)
         left -= share
     return shares
-
-
-#: FINs given between two checkpoints of the loop (others run meanwhile)
-_ANSWER_CHUNK = 2048
 
 
 @dataclass(eq=False)

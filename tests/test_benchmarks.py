@@ -94,6 +94,24 @@ def test_the_latency_and_blocking_benchmarks_run_against_a_real_nsqd(nsqd: Nsqd)
     figure(output, "async_msgs_per_s")
 
 
+@pytest.mark.spark
+def test_the_spark_benchmark_says_what_reading_on_the_executors_needs() -> None:
+    pytest.importorskip("pyspark")
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "spark_throughput.py"), "--nsqd-tcp-address", "h:1"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[-1].endswith(
+        "--read-mode executors (the default) asks nsqd's HTTP API how many messages wait: "
+        "give --nsqd-http-address (or --lookupd-http-address), or --read-mode driver"
+    )
+
+
 @real
 @pytest.mark.spark
 def test_the_spark_benchmark_runs_against_a_real_nsqd(nsqd: Nsqd) -> None:

@@ -35,7 +35,7 @@ from nsq_spark import (
 )
 from nsq_spark._options import parse_sink_options, parse_source_options
 from nsq_spark._sink import _requests
-from nsq_spark._source import _message_id, record_batch
+from nsq_spark._source import _Feed, _message_id, _shares, record_batch
 
 from .helpers import Emulator, wait_for
 
@@ -424,6 +424,50 @@ def test_the_driver_reader_holds_about_max_bytes_in_flight_of_large_bodies(
         lambda: (s := emulator.channel_stats(topic, "c")).in_flight_count == 0 and s, 10, 0.05
     )
     assert (stats.depth, stats.requeue_count) == (0, 0)
+
+
+def test_the_driver_readers_window_follows_a_rise_of_body_sizes_at_once_and_a_fall_slowly() -> None:
+    base = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "127.0.0.1:4150"}
+    options = parse_source_options(
+        {**base, "read_mode": "driver", "max_bytes_in_flight": "1000000"}
+    )
+    feed = _Feed(options)
+    assert feed.window == 1  # before any message: nsqd's largest (1 MiB) is expected
+    feed._follow_size(10_000.0)
+    assert feed.window == 100
+    feed._follow_size(100_000.0)  # larger bodies: the window shrinks at once
+    assert feed.window == 10
+    feed._follow_size(100.0)  # smaller ones: slowly (a few large ones may still come)
+    assert feed.window < 20
+    for _ in range(100):
+        feed._follow_size(100.0)
+    assert 8_000 <= feed.window <= 10_000  # 1,000,000 bytes of 100-byte bodies, nearly
+    # split between connections that may hold 2,500 each: the first ones full
+    assert _shares(6000, 2, 2500) == [2500, 3500]  # (a third connection opens for the rest)
+    assert _shares(3000, 3, 2500) == [2500, 500, 0]
+
+
+def test_available_now_does_not_wait_for_quiet_once_the_window_is_full(
+    emulator: Emulator, readers: list[NSQStreamReader]
+) -> None:
+    """nsqd sends nothing more once the reader holds its window of large bodies: the batch is
+    planned then, not after available_now_idle_timeout (here 120 s) without a message."""
+    topic, size = "units-large-available-now", 10_000
+    emulator.publish(topic, [f"{i:04d}".encode().ljust(size, b"x") for i in range(100)])
+    reader = make_reader(
+        emulator,
+        topic,
+        max_bytes_in_flight=200_000,
+        max_bytes_per_trigger=10**9,
+        available_now_idle_timeout=120,
+    )
+    readers.append(reader)
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    began = time.monotonic()
+    end = reader.latestOffset(start, ReadMaxRows(1000))
+    assert time.monotonic() - began < 60
+    assert 0 < end["seq"] <= 22
 
 
 def _batch(part: object) -> pa.RecordBatch:
