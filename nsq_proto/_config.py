@@ -359,6 +359,11 @@ class ProducerConfig(ConnectionConfig):
     pool_size: int = 1
     #: unanswered requests per connection (pipelining); 1 = one at a time like go-nsq
     max_outstanding: int = 8
+    #: single publishes waiting for the same topic and route go out as one MPUB of at most
+    #: this many messages (1: each publish is its own command)
+    max_coalesced_messages: int = 1000
+    #: ...and of at most this many bytes of MPUB body (nsqd's ``--max-body-size`` default)
+    max_coalesced_bytes: int = 5 * 1024 * 1024
     #: tries per request over connection losses and cluster errors (1 = never retry)
     max_publish_attempts: int = 3
     #: a request not acknowledged within this long fails with PublishTimeout
@@ -377,7 +382,13 @@ class ProducerConfig(ConnectionConfig):
 
     def __post_init__(self) -> None:
         super(ProducerConfig, self).__post_init__()
-        for name in ("pool_size", "max_outstanding", "max_publish_attempts"):
+        for name in (
+            "pool_size",
+            "max_outstanding",
+            "max_publish_attempts",
+            "max_coalesced_messages",
+            "max_coalesced_bytes",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, not {value!r}")

@@ -1,8 +1,11 @@
 """The producer core: publishing over pooled, pipelined connections to one or more nsqd.
 
 Requests are validated when they are made, queued, and handed to a ready connection with room
-(``max_outstanding`` unanswered requests per connection).  nsqd answers in order, so each
-connection matches responses to requests FIFO.  A request that fails because its connection
+(``max_outstanding`` unanswered requests per connection).  Single publishes that wait for the
+same topic and route when a connection has room go out together as one MPUB (coalescing, as
+Kafka's producer batches what is queued, with no added delay); each caller still gets the
+answer of its own message.  nsqd answers in order, so each connection matches responses to
+requests FIFO.  A request that fails because its connection
 went away is retried on another connection (failover) up to ``max_publish_attempts`` times; one that nsqd
 refused with an error frame fails with that :class:`ServerError`, except the partitioned
 server's cluster errors, which trigger a new lookup and a retry (as go-nsq does).
@@ -56,6 +59,10 @@ _NO_DPUB: Final = "the partitioned server has no DPUB (deferred publish): publis
 #: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
 _RETRY_BASE: Final = 0.008
 _RETRY_STEP: Final = 0.010
+#: nsqd's refusals of an MPUB for one of its bodies (or, on the partitioned server, one
+#: message's header): a coalesced MPUB refused so is split, each publish sent again alone, so
+#: that only the caller whose message is bad gets the error
+_SPLIT_ON: Final = frozenset({"E_BAD_MESSAGE", "E_BAD_BODY", "E_INVALID_JSON_HEADER"})
 
 
 class _Kind(Enum):
@@ -96,6 +103,8 @@ class _Request:
     stream: tuple[str, int] | None = None
     #: (partition count, partition) its sharding key was mapped to
     hashed: tuple[int, int] | None = None
+    #: never coalesced with others (a coalesced MPUB carrying it was refused for a body)
+    alone: bool = False
 
 
 @dataclass(slots=True)
@@ -104,8 +113,9 @@ class _PConn:
     conn: Connection
     address: tuple[str, int]
     slot: int
-    #: the connection's own publish id (``Connection.publish_encoded``) -> our request
-    outstanding: dict[int, _Request] = field(default_factory=dict)
+    #: the connection's own publish id (``Connection.publish_encoded``) -> our request, or
+    #: the requests a coalesced MPUB carries (in call order)
+    outstanding: dict[int, _Request | list[_Request]] = field(default_factory=dict)
     #: requests assigned to it by the dispatch under way, not yet written
     assigned: int = 0
     #: the TCP connection came up (a loss before it is a failed connection attempt)
@@ -256,6 +266,14 @@ class Refuse:
 
 
 @dataclass(frozen=True, slots=True)
+class Coalesced:
+    """Dispatch: write ``requests`` (single publishes of one topic to one route, in call
+    order) as one MPUB on ``requests[0].conn_id``, to ``requests[0].sent_partition``."""
+
+    requests: list[_Request]
+
+
+@dataclass(frozen=True, slots=True)
 class OpenPool:
     """Dispatch: open the pool's connections to ``address`` (a partition's leader)."""
 
@@ -263,8 +281,21 @@ class OpenPool:
 
 
 #: what one dispatch decided, in order: a request (assigned: write it on ``request.conn_id``,
-#: to ``request.sent_partition``), a request to refuse, or a pool to open
-Step = _Request | Refuse | OpenPool
+#: to ``request.sent_partition``), requests coalesced into one MPUB, a request to refuse, or
+#: a pool to open
+Step = _Request | Coalesced | Refuse | OpenPool
+
+
+def _coalescable(req: _Request) -> bool:
+    """A single publish that may share an MPUB: PUB or PUB_EXT, with no trace receipt to give
+    back (MPUB_TRACE answers with the first message's alone) and not sent alone."""
+    return req.kind is _Kind.PUB and req.trace_ids is None and not req.ext_traced and not req.alone
+
+
+def _mpub_size(req: _Request) -> int:
+    """What a single publish adds to an MPUB's body: its length prefix, its header, its body."""
+    ext = req.ext
+    return 4 + len(req.bodies[0]) + (0 if ext is None else 2 + len(ext))
 
 
 class PublishQueue:
@@ -276,10 +307,24 @@ class PublishQueue:
     carries them out (encodes and writes, fails, opens connections), as httpcore's pool
     assigns requests to connections and leaves the I/O to its caller."""
 
-    __slots__ = ("_last_deadline", "_max_attempts", "_next_id", "requests", "streams", "waiting")
+    __slots__ = (
+        "_last_deadline",
+        "_max_attempts",
+        "_max_bytes",
+        "_max_messages",
+        "_next_id",
+        "requests",
+        "streams",
+        "waiting",
+    )
 
-    def __init__(self, *, max_attempts: int) -> None:
+    def __init__(
+        self, *, max_attempts: int, max_messages: int = 1, max_bytes: int = 5 * 1024 * 1024
+    ) -> None:
         self._max_attempts = max_attempts
+        #: the bounds of a coalesced MPUB (1 message: no coalescing)
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
         #: queued requests, in call order (a retry goes back to its place)
         self.waiting: deque[_Request] = deque()
         #: requests not yet answered, oldest first (so by deadline: see add)
@@ -371,13 +416,27 @@ class PublishQueue:
         if not (retryable and req.attempts < self._max_attempts and req.deadline > now):
             return None
         req.not_before = now + _RETRY_BASE + _RETRY_STEP * (1 << req.attempts)
+        self._requeue(req)
+        return req.not_before
+
+    def split(self, reqs: list[_Request]) -> None:
+        """A coalesced MPUB carrying ``reqs`` was refused for one of its bodies: each goes
+        again alone and at once, the attempt not counted (a neighbour's body failed it)."""
+        for req in reqs:
+            self._release(req)
+            req.attempts -= 1
+            req.alone = True
+            req.not_before = 0.0
+            self._requeue(req)
+
+    def _requeue(self, req: _Request) -> None:
+        """``req`` waits again, in its place in call order."""
         waiting = self.waiting
         rid = req.request_id
         index = len(waiting)
         while index and waiting[index - 1].request_id > rid:
             index -= 1
         waiting.insert(index, req)
-        return req.not_before
 
     def _release(self, req: _Request) -> None:
         stream = req.stream
@@ -436,15 +495,81 @@ class PublishQueue:
                 steps.append(Refuse(req, LocalProtocolError(_NO_DPUB)))
                 continue
             pool.take(conn_id)
-            req.attempts += 1
-            req.conn_id = conn_id
-            req.sent_partition = partition
+            members = None
+            if waiting and self._max_messages > 1 and _coalescable(req):
+                members = self._join(req, address, partition, stream, now, routes)
+            if members is None:
+                req.attempts += 1
+                req.conn_id = conn_id
+                req.sent_partition = partition
+                if stream is not None:
+                    req.stream = stream
+                    streams[stream] = req.request_id
+                steps.append(req)
+                continue
+            for member in members:
+                member.attempts += 1
+                member.conn_id = conn_id
+                member.sent_partition = partition
+                member.stream = stream
             if stream is not None:
-                req.stream = stream
-                streams[stream] = req.request_id
-            steps.append(req)
+                # held by the last: the members expire in call order, so the partition is
+                # free again only once none of them is on the wire
+                streams[stream] = members[-1].request_id
+            steps.append(Coalesced(members))
         waiting.extendleft(reversed(skipped))
         return steps
+
+    def _join(
+        self,
+        head: _Request,
+        address: tuple[str, int] | None,
+        partition: int | None,
+        stream: tuple[str, int] | None,
+        now: float,
+        routes: Routes,
+    ) -> list[_Request] | None:
+        """The single publishes queued after ``head`` that go with it as one MPUB (taken off
+        the queue), ``head`` first; None when none can.  They are of its topic and go where it
+        goes; an ordered partition's take no publish past one of theirs that cannot join."""
+        max_messages = self._max_messages
+        max_bytes = self._max_bytes
+        size = 4 + _mpub_size(head)
+        if size > max_bytes:
+            return None
+        waiting = self.waiting
+        topic = head.topic
+        has_ext = head.ext is not None
+        members = [head]
+        kept: list[_Request] = []
+        while waiting and len(members) < max_messages:
+            cand = waiting.popleft()
+            if cand.topic != topic:
+                kept.append(cand)
+                continue
+            joins = (
+                _coalescable(cand) and (cand.ext is not None) is has_ext and cand.not_before <= now
+            )
+            if joins and (cand.sharding_key is not None or cand.partition is not None):
+                try:
+                    routed = routes.route(cand)
+                except LocalProtocolError:
+                    routed = None  # refused by the dispatch, in its turn
+                joins = routed == (address, partition) and routes.stream(cand, partition) == stream
+            # (a publish to any partition goes to this one)
+            if not joins:
+                kept.append(cand)
+                if stream is not None:
+                    break  # it may be of the ordered partition: nothing overtakes it
+                continue
+            added = _mpub_size(cand)
+            if size + added > max_bytes:
+                kept.append(cand)
+                break
+            size += added
+            members.append(cand)
+        waiting.extendleft(reversed(kept))
+        return members if len(members) > 1 else None
 
 
 class _ConnectionPool:
@@ -520,7 +645,11 @@ class Producer:
         self._refresh = RouteRefresh(self._timers, interval=cfg.lookupd_poll_interval)
         self._conn_config = cfg.connection_config()
         self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
-        self._queue = PublishQueue(max_attempts=cfg.max_publish_attempts)
+        self._queue = PublishQueue(
+            max_attempts=cfg.max_publish_attempts,
+            max_messages=cfg.max_coalesced_messages,
+            max_bytes=cfg.max_coalesced_bytes,
+        )
         self._pool = _ConnectionPool(self._conns, cfg.max_outstanding)
         self._routes = Routes(lookupd=bool(lookupd), hasher=cfg.hasher)
         self._lookup_pending: set[str] = set()
@@ -662,14 +791,21 @@ class Producer:
         while (item := conn.next_output()) is not None:
             # a connection's publish events carry its own publish id: re-emitted with ours
             if type(item) is PublishSucceeded:
-                req = rec.outstanding.pop(item.request_id, None)
-                if req is not None:
-                    self._queue.answered(req)
-                    out.append(PublishSucceeded(rec.conn_id, req.request_id, item.receipt))
+                sent = rec.outstanding.pop(item.request_id, None)
+                if type(sent) is _Request:
+                    self._queue.answered(sent)
+                    out.append(PublishSucceeded(rec.conn_id, sent.request_id, item.receipt))
+                elif isinstance(sent, list):
+                    answered = self._queue.answered
+                    for req in sent:
+                        answered(req)
+                        out.append(PublishSucceeded(rec.conn_id, req.request_id))
             elif type(item) is PublishFailed:
-                req = rec.outstanding.pop(item.request_id, None)
-                if req is not None:
-                    self._failed_on_connection(req, item.error)
+                sent = rec.outstanding.pop(item.request_id, None)
+                if type(sent) is _Request:
+                    self._failed_on_connection(sent, item.error)
+                elif isinstance(sent, list):
+                    self._coalesced_failed(sent, item.error)
             elif isinstance(item, Ready):
                 out.append(item)
                 self._reconnects.connected((rec.address, rec.slot))
@@ -691,8 +827,9 @@ class Producer:
         self._table.remove(rec.conn_id)
         if self._slots.get((rec.address, rec.slot)) == rec.conn_id:
             del self._slots[(rec.address, rec.slot)]
-        for req in list(rec.outstanding.values()):
-            self._failed_on_connection(req, ConnectionClosedError("connection closed"))
+        for sent in list(rec.outstanding.values()):
+            for req in list(sent) if isinstance(sent, list) else [sent]:
+                self._failed_on_connection(req, ConnectionClosedError("connection closed"))
         rec.outstanding.clear()
         if self._closing:
             return
@@ -753,14 +890,31 @@ class Producer:
         else:
             self._timers.set((TimerKind.RETRY, req.request_id), retry_at)
 
+    def _coalesced_failed(self, reqs: list[_Request], error: NSQError) -> None:
+        """A coalesced MPUB failed: refused for a body, each of its publishes goes again
+        alone; otherwise the failure is each one's (retried or failed as its own)."""
+        if isinstance(error, ServerError) and error.code in _SPLIT_ON:
+            self._queue.split(reqs)
+            return
+        for req in reqs:
+            self._failed_on_connection(req, fresh_copy(error))
+
     def _fail_request(self, req: _Request, error: NSQError) -> None:
         """``req`` fails with ``error`` (a :class:`PublishFailed` event)."""
         self._queue.remove(req)
         self._timers.cancel((TimerKind.RETRY, req.request_id))
         for rec in self._conns.values():
-            for rid, r in list(rec.outstanding.items()):
-                if r is req:
-                    del rec.outstanding[rid]  # a late answer is then ignored
+            for rid, sent in list(rec.outstanding.items()):
+                # a late answer is then ignored
+                if sent is req:
+                    del rec.outstanding[rid]
+                elif type(sent) is list:
+                    for index, member in enumerate(sent):
+                        if member is req:
+                            del sent[index]
+                            break
+                    if not sent:
+                        del rec.outstanding[rid]
         self._outputs.append(PublishFailed(req.conn_id, req.request_id, error))
 
     # ------------------------------------------------------------------ publishing
@@ -935,6 +1089,20 @@ class Producer:
                 rec.assigned -= 1
                 data, traced = self._encode(step, step.sent_partition)
                 rec.outstanding[rec.conn.publish_encoded(data, traced=traced)] = step
+            elif type(step) is Coalesced:
+                reqs = step.requests
+                head = reqs[0]
+                rec = conns[head.conn_id]
+                rec.assigned -= 1
+                if head.ext is None:
+                    data = cmd.mpub_unchecked(
+                        head.topic, [r.bodies[0] for r in reqs], head.sent_partition
+                    )
+                else:
+                    data = cmd.mpub_ext(
+                        head.topic, [(r.ext or b"", r.bodies[0]) for r in reqs], head.sent_partition
+                    )
+                rec.outstanding[rec.conn.publish_encoded(data)] = reqs
             elif isinstance(step, Refuse):
                 self._fail_request(step.request, step.error)
             elif isinstance(step, OpenPool):

@@ -86,8 +86,29 @@ def test_validation_happens_at_the_call() -> None:
     assert core.pending == 0
 
 
-def test_pipelining_is_bounded_per_connection() -> None:
+def test_pipelining_is_bounded_per_connection_and_what_waits_goes_as_one_mpub() -> None:
     core, ids = started(["n1:4150"], max_outstanding=2)
+    (c,) = ids.values()
+    rids = [core.publish("t", b"%d" % i, 0.0) for i in range(5)]
+    # a lone publish is its own PUB: no added latency while the connection has room
+    assert sends(core.outputs())[c] == cmd.pub("t", b"0") + cmd.pub("t", b"1")
+    core.receive_data(c, response(b"OK"), 0.1)
+    out = core.outputs()
+    assert [o.request_id for o in out if isinstance(o, PublishSucceeded)] == [rids[0]]
+    # the three that waited go as one MPUB, in call order, when the connection has room
+    assert sends(out)[c] == cmd.mpub("t", [b"2", b"3", b"4"])
+    assert [conn[3] for conn in core.connections()] == [2]
+    core.receive_data(c, response(b"OK"), 0.2)
+    assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == [rids[1]]
+    assert core.pending == 3
+    core.receive_data(c, response(b"OK"), 0.3)
+    # each caller gets its own answer
+    assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == rids[2:]
+    assert core.pending == 0
+
+
+def test_pipelining_without_coalescing() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=2, max_coalesced_messages=1)
     (c,) = ids.values()
     rids = [core.publish("t", b"%d" % i, 0.0) for i in range(5)]
     assert sends(core.outputs())[c] == cmd.pub("t", b"0") + cmd.pub("t", b"1")

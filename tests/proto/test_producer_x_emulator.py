@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from nsq_proto import (
     ConnectionClosed,
     Event,
@@ -175,3 +178,126 @@ def test_a_topic_that_stays_unwritable_fails_its_publish_with_the_cause_in_momen
     again = producer.publish("fresh", b"x", net.now, partition=0)
     net.advance(1.0)
     assert outcome(net.take_events(producer))[0] == [again]
+
+
+# ------------------------------------------------------------------------------ coalescing
+
+
+def standard(max_msg_size: int = 10, **config: Any) -> tuple[MemoryNetwork, Nsqd, Producer]:
+    """A standard nsqd refusing bodies over ``max_msg_size`` bytes, and a started producer."""
+    net = MemoryNetwork()
+    nsqd = net.add_nsqd(Nsqd(NsqdOptions(broadcast_address="nsqd1", max_msg_size=max_msg_size)))
+    config.setdefault("reconnect_delay", 0.1)
+    config.setdefault("reconnect_jitter", 0.0)
+    producer = Producer(ProducerConfig(**config), nsqd_tcp_addresses=["nsqd1:4150"])
+    net.attach(producer)
+    net.start()
+    net.run_until_idle()
+    return net, nsqd, producer
+
+
+def queued(nsqd: Nsqd, topic: str = "t") -> list[bytes]:
+    found = nsqd.topics.get((topic, -1))
+    return [] if found is None else [m.body for m in found.queue]
+
+
+def test_one_bad_body_never_fails_the_publishes_coalesced_with_it() -> None:
+    # nsqd refuses an MPUB whole (and closes the connection) for one body over its
+    # --max-msg-size: the MPUB is split, and only the caller of that body gets the error
+    net, nsqd, producer = standard(max_outstanding=1)
+    bodies = [b"m%d" % i for i in range(10)]
+    bodies[6] = b"x" * 11
+    rids = [producer.publish("t", body, net.now) for body in bodies]
+    net.advance(5.0)
+    ok, failed = outcome(net.take_events(producer))
+    assert sorted(ok) == [r for r in rids if r != rids[6]]
+    assert list(failed) == [rids[6]]
+    error = failed[rids[6]]
+    assert isinstance(error, ServerError) and error.code == "E_BAD_MESSAGE"
+    assert sorted(queued(nsqd)) == sorted(b for b in bodies if len(b) <= 10)
+    assert producer.pending == 0
+
+
+def test_an_error_of_the_whole_mpub_is_each_callers() -> None:
+    net, nsqd, producer = standard(max_outstanding=1, max_publish_attempts=1)
+    first = producer.publish("t", b"a", net.now)
+    nsqd.fail_next(code="E_MPUB_FAILED", description="MPUB failed exiting", command="MPUB")
+    rids = [producer.publish("t", b, net.now) for b in (b"b", b"c", b"d")]
+    net.advance(1.0)
+    ok, failed = outcome(net.take_events(producer))
+    assert ok == [first]
+    assert list(failed) == rids
+    errors = list(failed.values())
+    assert all(isinstance(e, ServerError) and e.code == "E_MPUB_FAILED" for e in errors)
+    assert len({id(e) for e in errors}) == 3  # each raised in its own task: its own instance
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    script=st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("publish"),
+                st.sampled_from(["t", "u"]),
+                st.integers(min_value=1, max_value=14),
+            ),
+            st.tuples(st.just("many"), st.sampled_from(["t", "u"]), st.integers(1, 3)),
+            st.tuples(st.just("deferred"), st.sampled_from(["t", "u"]), st.integers(1, 12)),
+            st.tuples(st.just("run"), st.just(""), st.just(0)),
+            st.tuples(st.just("drop"), st.just(""), st.just(0)),
+        ),
+        max_size=40,
+    ),
+    max_outstanding=st.integers(1, 3),
+    max_messages=st.integers(1, 6),
+)
+def test_every_publish_gets_one_answer_and_the_stored_messages_are_the_acknowledged_ones(
+    script: list[tuple[str, str, int]], max_outstanding: int, max_messages: int
+) -> None:
+    """Publishes of good and bad bodies (over nsqd's 10 bytes) coalesced under connection
+    losses: each gets exactly one answer; a bad body fails alone with nsqd's refusal; an
+    acknowledged one is stored; nothing is stored that was not published good."""
+    net, nsqd, producer = standard(
+        max_outstanding=max_outstanding,
+        max_coalesced_messages=max_messages,
+        max_publish_attempts=10,
+    )
+    published: dict[int, tuple[str, list[bytes]]] = {}
+    dropped = False
+    for n, (action, topic, size) in enumerate(script):
+        if action == "publish":
+            body = (b"%d-" % n).ljust(size, b"b")
+            published[producer.publish(topic, body, net.now)] = (topic, [body])
+        elif action == "many":
+            bodies = [b"%d.%d" % (n, i) for i in range(size)]
+            published[producer.publish_many(topic, bodies, net.now)] = (topic, bodies)
+        elif action == "deferred":
+            body = (b"%d-" % n).ljust(size, b"d")
+            published[producer.publish(topic, body, net.now, delay=0.0)] = (topic, [body])
+        elif action == "run":
+            net.run_until_idle()
+        else:
+            nsqd.drop_connections(net.now)
+            dropped = True
+    net.advance(30.0)
+    events = net.take_events(producer)
+    answers = [e.request_id for e in events if isinstance(e, PublishSucceeded | PublishFailed)]
+    assert sorted(answers) == sorted(published)  # one answer each
+    ok, failed = outcome(events)
+    for rid, (_, bodies) in published.items():
+        bad = any(len(b) > 10 for b in bodies)
+        if bad:
+            error = failed[rid]
+            assert isinstance(error, ServerError) and error.code == "E_BAD_MESSAGE"
+        else:
+            # a good body fails only for want of a connection, never for a neighbour
+            assert rid in ok or not isinstance(failed[rid], ServerError)
+    for topic in ("t", "u"):
+        stored_now = queued(nsqd, topic)
+        good = [b for r, (t, bs) in published.items() if t == topic for b in bs if len(b) <= 10]
+        acknowledged = [b for r in ok if published[r][0] == topic for b in published[r][1]]
+        assert set(stored_now) <= set(good)  # nothing that was not published good
+        assert set(acknowledged) <= set(stored_now)
+        if not dropped:
+            assert sorted(stored_now) == sorted(acknowledged)  # exactly once without losses
+    assert producer.pending == 0

@@ -17,6 +17,7 @@ from nsq_proto import (
     TopicMeta,
 )
 from nsq_proto._producer import (
+    Coalesced,
     OpenPool,
     PublishQueue,
     Refuse,
@@ -73,6 +74,23 @@ def add(q: PublishQueue, topic: str = "t", deadline: float = 10.0, **kw: object)
 def sent(steps: list[Step]) -> list[tuple[int, int]]:
     """(request id, connection id) of each request assigned."""
     return [(s.request_id, s.conn_id) for s in steps if isinstance(s, _Request)]
+
+
+def commands(steps: list[Step]) -> list[tuple[list[int], int]]:
+    """(request ids, connection id) of each command: a request alone or coalesced ones."""
+    out: list[tuple[list[int], int]] = []
+    for step in steps:
+        if isinstance(step, _Request):
+            out.append(([step.request_id], step.conn_id))
+        elif isinstance(step, Coalesced):
+            conn_ids = {r.conn_id for r in step.requests}
+            assert len(conn_ids) == 1
+            out.append(([r.request_id for r in step.requests], conn_ids.pop()))
+    return out
+
+
+def coalescing(max_messages: int = 100, max_bytes: int = 1 << 20) -> PublishQueue:
+    return PublishQueue(max_attempts=5, max_messages=max_messages, max_bytes=max_bytes)
 
 
 def peer(host: str) -> Peer:
@@ -271,3 +289,146 @@ def test_a_removed_request_is_gone_from_the_queue_its_stream_and_the_books() -> 
     q.remove(a)
     q.remove(b)
     assert q.streams == {} and not q.waiting and len(q) == 0
+
+
+# ------------------------------------------------------------------------------ coalescing
+
+
+def test_waiting_single_publishes_of_a_topic_go_as_one_mpub_in_call_order() -> None:
+    q = coalescing()
+    for topic in ("t", "t", "t", "other", "t"):
+        add(q, topic=topic)
+    pool = FakePool(cap=2, c1=(("a", 1), 0, False))
+    steps = q.assign(0.0, ANY, pool)
+    assert commands(steps) == [([1, 2, 3, 5], 1), ([4], 1)]
+    assert pool.conns[1].load == 2  # one command each
+    assert all(r.attempts == 1 for r in q.requests.values())
+    assert not q.waiting
+
+
+def test_a_lone_publish_goes_alone() -> None:
+    q = coalescing()
+    add(q)
+    assert commands(q.assign(0.0, ANY, FakePool(c1=(("a", 1), 0, False)))) == [([1], 1)]
+
+
+def test_only_plain_single_publishes_share_an_mpub() -> None:
+    q = coalescing()
+    add(q)  # 1
+    add(q, kind=_Kind.DPUB)  # 2: its own delay
+    add(q, kind=_Kind.MPUB)  # 3: the caller's own batch
+    add(q, trace_ids=[7])  # 4: its trace receipt is its own
+    add(q, ext=b'{"k":"v"}', ext_traced=True)  # 5: a receipt too
+    add(q, ext=b'{"k":"v"}')  # 6: MPUB_EXT, with 8
+    add(q)  # 7
+    add(q, ext=b'{"k":"w"}')  # 8
+    alone = add(q)  # 9: split from a refused MPUB
+    alone.alone = True
+    backing_off = add(q)  # 10
+    backing_off.not_before = 1.0
+    add(q)  # 11
+    pool = FakePool(cap=20, c1=(("a", 1), 0, False))
+    assert commands(q.assign(0.0, ANY, pool)) == [
+        ([1, 7, 11], 1),
+        ([2], 1),
+        ([3], 1),
+        ([4], 1),
+        ([5], 1),
+        ([6, 8], 1),
+        ([9], 1),
+    ]
+    assert [r.request_id for r in q.waiting] == [10]
+
+
+def test_a_coalesced_mpub_is_bounded_in_messages_and_bytes() -> None:
+    q = coalescing(max_messages=3)
+    for _ in range(7):
+        add(q)
+    pool = FakePool(cap=5, c1=(("a", 1), 0, False))
+    assert commands(q.assign(0.0, ANY, pool)) == [([1, 2, 3], 1), ([4, 5, 6], 1), ([7], 1)]
+    # the body: a count, then each message's length and bytes: 4 + 2 * (4 + 1) for two
+    q = coalescing(max_bytes=4 + 2 * 5)
+    for _ in range(5):
+        add(q)
+    assert commands(q.assign(0.0, ANY, FakePool(cap=5, c1=(("a", 1), 0, False)))) == [
+        ([1, 2], 1),
+        ([3, 4], 1),
+        ([5], 1),
+    ]
+    q = coalescing(max_bytes=8)  # one message is over the bound: it goes alone, as a PUB
+    add(q)
+    add(q)
+    assert commands(q.assign(0.0, ANY, FakePool(cap=5, c1=(("a", 1), 0, False)))) == [
+        ([1], 1),
+        ([2], 1),
+    ]
+
+
+def test_with_every_connection_busy_the_queue_waits_then_goes_at_once() -> None:
+    q = coalescing()
+    for _ in range(5):
+        add(q)
+    pool = FakePool(cap=1, c1=(("a", 1), 0, False))
+    assert commands(q.assign(0.0, ANY, pool)) == [([1, 2, 3, 4, 5], 1)]
+    for _ in range(3):
+        add(q)
+    assert commands(q.assign(0.0, ANY, pool)) == []  # no room: all wait
+    pool.conns[1].load = 0
+    assert commands(q.assign(0.0, ANY, pool)) == [([6, 7, 8], 1)]
+
+
+def test_an_ordered_partition_coalesces_in_order_and_nothing_overtakes() -> None:
+    routes = Routes(lookupd=True, hasher=None)
+    routes.apply("t", partitioned("n0", "n1", ordered=True))
+    q = coalescing()
+    add(q, partition=0)  # 1
+    add(q, partition=0)  # 2
+    add(q, partition=1)  # 3: another partition: not with 1
+    add(q, partition=0, trace_ids=[5])  # 4: cannot join
+    add(q, partition=0)  # 5: must not overtake 4
+    pool = FakePool(cap=5, c1=(("n0", 4150), 0, True), c2=(("n1", 4150), 0, True))
+    steps = q.assign(0.0, routes, pool)
+    assert commands(steps) == [([1, 2], 1), ([3], 2)]
+    # the partition is held until the last of the MPUB's publishes is answered
+    assert q.streams == {("t", 0): 2, ("t", 1): 3}
+    first = q.requests[1]
+    assert [r.stream for r in (first, q.requests[2])] == [("t", 0), ("t", 0)]
+    q.answered(first)
+    q.answered(q.requests[2])
+    assert commands(q.assign(0.0, routes, pool)) == [([4], 1)]
+    q.answered(q.requests[4])
+    assert commands(q.assign(0.0, routes, pool)) == [([5], 1)]
+
+
+def test_publishes_to_any_partition_join_the_first_ones_partition() -> None:
+    routes = Routes(lookupd=True, hasher=None)
+    routes.apply("t", partitioned("n0", "n1"))
+    q = coalescing()
+    for _ in range(3):
+        add(q)
+    add(q, partition=1)
+    pool = FakePool(cap=5, c1=(("n0", 4150), 0, True), c2=(("n1", 4150), 0, True))
+    steps = q.assign(0.0, routes, pool)
+    assert commands(steps) == [([1, 2, 3], 1), ([4], 2)]
+    assert {r.sent_partition for r in q.requests.values()} == {0, 1}
+    assert [r.stream for r in q.requests.values()] == [None] * 4  # unordered topic
+
+
+def test_a_split_mpub_sends_each_publish_alone_at_once_its_attempt_not_counted() -> None:
+    q = coalescing()
+    for _ in range(3):
+        add(q)
+    add(q)  # 4: after them in call order
+    pool = FakePool(cap=1, c1=(("a", 1), 0, False))
+    steps = q.assign(0.0, ANY, pool)
+    (batch,) = steps
+    assert isinstance(batch, Coalesced) and len(batch.requests) == 4
+    q.split(batch.requests[:3])
+    assert [r.request_id for r in q.waiting] == [1, 2, 3]
+    assert all(r.alone and r.attempts == 0 for r in batch.requests[:3])
+    pool.conns[1].load = 0
+    assert commands(q.assign(0.0, ANY, FakePool(cap=5, c1=(("a", 1), 0, False)))) == [
+        ([1], 1),
+        ([2], 1),
+        ([3], 1),
+    ]
