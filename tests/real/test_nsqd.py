@@ -182,6 +182,69 @@ async def test_bad_topic_is_a_typed_error(servers: Servers, lib: ModuleType) -> 
     assert info.value.code == "E_BAD_MESSAGE"
 
 
+@pytest.mark.anyio
+async def test_many_concurrent_single_publishes_and_one_bad_body(
+    servers: Servers, lib: ModuleType, way: tuple[str, str]
+) -> None:
+    """200 tasks publish at once through one producer, as a service does: the waiting ones go
+    out together, and the one body over nsqd's --max-msg-size (1 MiB) fails alone."""
+    topic = f"many_{way[0]}_{way[1]}_{time.monotonic_ns()}"
+    bodies = [b"%d" % i for i in range(200)]
+    bodies[123] = b"x" * (1024 * 1024 + 1)
+    outcome: dict[int, object] = {}
+
+    async def publish(producer: Any, i: int) -> None:
+        try:
+            await producer.publish(topic, bodies[i])
+            outcome[i] = "ok"
+        except lib.ServerError as exc:
+            outcome[i] = exc.code
+
+    async with lib.Producer(nsqd_tcp_addresses=[servers.nsqd_tcp]) as producer:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for i in range(len(bodies)):
+                    tg.start_soon(publish, producer, i)
+    assert outcome.pop(123) == "E_BAD_MESSAGE"
+    assert set(outcome.values()) == {"ok"} and len(outcome) == 199
+    (stats,) = servers.stats(topic)["topics"]
+    assert stats["message_count"] == 199
+
+
+def test_many_threads_publish_through_the_blocking_api(servers: Servers) -> None:
+    """50 threads each publish 20 messages one at a time through one blocking producer; one
+    body too large fails in its own thread alone."""
+    import threading
+
+    from nsq_anyio import ServerError
+    from nsq_anyio.blocking import Producer
+
+    topic = f"threads_{time.monotonic_ns()}"
+    errors: list[str] = []
+    done: list[int] = []
+
+    def work(producer: Producer, n: int) -> None:
+        for i in range(20):
+            body = b"x" * (1024 * 1024 + 1) if (n, i) == (7, 3) else b"%d-%d" % (n, i)
+            try:
+                producer.publish(topic, body)
+                done.append(n)
+            except ServerError as exc:
+                errors.append(exc.code)
+
+    with Producer(nsqd_tcp_addresses=[servers.nsqd_tcp]) as producer:
+        threads = [threading.Thread(target=work, args=(producer, n)) for n in range(50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads)
+    assert errors == ["E_BAD_MESSAGE"]
+    assert len(done) == 999
+    (stats,) = servers.stats(topic)["topics"]
+    assert stats["message_count"] == 999
+
+
 @dataclass
 class SecureServers:
     nsqd_tcp: str
