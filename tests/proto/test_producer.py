@@ -107,6 +107,20 @@ def test_pipelining_is_bounded_per_connection_and_what_waits_goes_as_one_mpub() 
     assert core.pending == 0
 
 
+def test_waiting_publishes_with_headers_go_as_one_mpub_ext_each_with_its_header() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=1)
+    (c,) = ids.values()
+    rids = [core.publish("t", b"b%d" % i, 0.0, partition=1, ext={"n": i}) for i in range(3)]
+    header = [cmd.encode_ext_header({"n": i}) for i in range(3)]
+    assert sends(core.outputs())[c] == cmd.pub_ext("t", b"b0", header[0], 1)
+    core.receive_data(c, response(b"OK"), 0.1)
+    assert sends(core.outputs())[c] == cmd.mpub_ext(
+        "t", [(header[1], b"b1"), (header[2], b"b2")], 1
+    )
+    core.receive_data(c, response(b"OK"), 0.2)
+    assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == rids[1:]
+
+
 def test_pipelining_without_coalescing() -> None:
     core, ids = started(["n1:4150"], max_outstanding=2, max_coalesced_messages=1)
     (c,) = ids.values()

@@ -9,6 +9,7 @@ scenarios are in ``tests/proto/test_start_from.py``, beside their emulator twins
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -97,6 +98,33 @@ def test_a_refused_publish_fails_alone_and_its_neighbours_are_stored_once(
     results, got = anyio.run(main)
     assert isinstance(results[1], ServerError) and results[1].code == "E_EXT_NOT_SUPPORT"
     assert sorted(m.body for m in got) == [b"r0", b"r2", b"r3", b"r4"]
+
+
+def test_concurrent_publishes_with_headers_keep_each_its_own_header(
+    cluster: PartitionedCluster,
+) -> None:
+    """One command on the wire at a time (max_outstanding=1): the publishes that wait go as
+    MPUB_EXT, each message with its own header, to the partition asked for."""
+    cluster.create_topic("headers_many", extend="true")
+    bodies = [b"h%d" % i for i in range(40)]
+
+    async def main() -> list[nsq_anyio.Message]:
+        async with nsq_anyio.Producer(
+            lookupd_http_addresses=[cluster.lookupd_http], max_outstanding=1
+        ) as producer:
+            async with anyio.create_task_group() as tg:
+                for i, body in enumerate(bodies):
+                    tg.start_soon(
+                        functools.partial(
+                            producer.publish, "headers_many", body, partition=1, ext={"n": str(i)}
+                        )
+                    )
+        return await collect(cluster, "headers_many", len(bodies))
+
+    got = anyio.run(main)
+    assert sorted(m.body for m in got) == sorted(bodies)
+    assert all(m.ext == {"n": m.body[1:].decode()} for m in got)
+    assert {m.partition for m in got} == {1}
 
 
 def test_the_server_filters_by_the_json_header(cluster: PartitionedCluster) -> None:
