@@ -90,6 +90,8 @@ class ProducerOptions(ConnectionOptions, total=False):
 
     pool_size: int
     max_outstanding: int
+    max_coalesced_messages: int
+    max_coalesced_bytes: int
     max_publish_attempts: int
     publish_timeout: float
     dial_timeout: float

@@ -106,8 +106,9 @@ class Producer(ClientBase):
         waiter = _Waiter(self._backend.event())
         self._waiters[request_id] = waiter
         try:
-            # written from this task: no hop to the pump task on the way out
-            await self._runner.drain_here()
+            if not self._core.held_back:
+                # written from this task: no hop to the pump task on the way out
+                await self._runner.drain_here()
             await waiter.done.wait()
         finally:
             self._waiters.pop(request_id, None)

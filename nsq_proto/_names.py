@@ -35,9 +35,17 @@ def is_valid_channel_name(name: str) -> bool:
     return _is_valid(name)
 
 
+#: topic names found valid (a producer checks its few topics on every publish); bounded
+_VALID_TOPICS: set[str] = set()
+
+
 def check_topic(name: str) -> str:
+    if name in _VALID_TOPICS and type(name) is str:
+        return name
     if not _is_valid(name):
         raise InvalidName(f"topic name {name!r} is not valid")
+    if len(_VALID_TOPICS) < 4096:
+        _VALID_TOPICS.add(name)
     return name
 
 

@@ -313,6 +313,7 @@ class PublishQueue:
         "_max_bytes",
         "_max_messages",
         "_next_id",
+        "full",
         "requests",
         "streams",
         "waiting",
@@ -333,6 +334,9 @@ class PublishQueue:
         self.streams: dict[tuple[str, int], int] = {}
         self._last_deadline = -math.inf
         self._next_id = 1
+        #: the latest :meth:`assign` left a request for any connection waiting for room, and
+        #: nothing but :meth:`add` changed the queue since: a request added now waits too
+        self.full = False
 
     def __len__(self) -> int:
         """Requests not yet answered (queued or sent)."""
@@ -394,12 +398,14 @@ class PublishQueue:
 
     def answered(self, req: _Request) -> None:
         """nsqd acknowledged ``req``."""
+        self.full = False
         if req.stream is not None:
             self._release(req)
         self.requests.pop(req.request_id, None)
 
     def remove(self, req: _Request) -> None:
         """``req`` fails: it is no longer waiting, sent or retried."""
+        self.full = False
         self._release(req)
         self.requests.pop(req.request_id, None)
         with contextlib.suppress(ValueError):
@@ -431,6 +437,7 @@ class PublishQueue:
 
     def _requeue(self, req: _Request) -> None:
         """``req`` waits again, in its place in call order."""
+        self.full = False
         waiting = self.waiting
         rid = req.request_id
         index = len(waiting)
@@ -454,6 +461,7 @@ class PublishQueue:
         back every later one: FIFO).  Returns the decisions, in order."""
         waiting = self.waiting
         streams = self.streams
+        self.full = False
         steps: list[Step] = []
         #: ordered partitions whose earliest queued request cannot go now: later ones wait
         blocked: set[tuple[str, int]] = set()
@@ -489,6 +497,7 @@ class PublishQueue:
                 if stream is not None:
                     blocked.add(stream)
                 if address is None:
+                    self.full = True
                     break  # every connection is busy: keep FIFO order
                 continue
             if req.kind is _Kind.DPUB and pool.partitioned(conn_id):
@@ -654,6 +663,8 @@ class Producer:
         self._routes = Routes(lookupd=bool(lookupd), hasher=cfg.hasher)
         self._lookup_pending: set[str] = set()
         self._closing = False
+        #: see :attr:`held_back`
+        self._held_back = False
         self._last_error: NSQError | None = None
         #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately
         self._lookup_errors: dict[str, NSQError] = {}
@@ -969,6 +980,18 @@ class Producer:
             ext=ext,
             ext_traced=ext_traced,
         )
+        queue = self._queue
+        if (
+            queue.full
+            and len(queue.waiting) > 1
+            and not self._lookupd.addresses
+            and not self._permanent
+            and not self._unreachable
+        ):
+            # behind others that wait for a connection with room (FIFO): nothing to do now
+            self._held_back = True
+            return req.request_id
+        self._held_back = False
         if self._lookupd.addresses and not self._routes.known(topic):
             self._lookup(topic)
         self._dispatch()
@@ -1182,6 +1205,13 @@ class Producer:
     def pending(self) -> int:
         """Requests not yet answered (queued or sent)."""
         return len(self._queue)
+
+    @property
+    def held_back(self) -> bool:
+        """The latest ``publish*`` call only queued its request behind others that wait for a
+        connection with room: it produced no output and moved no deadline, so a driver has
+        nothing to carry out for it (it goes with them, when an answer makes room)."""
+        return self._held_back
 
     def connections(self) -> list[tuple[ConnId, tuple[str, int], str, int]]:
         return [

@@ -121,6 +121,27 @@ def test_waiting_publishes_with_headers_go_as_one_mpub_ext_each_with_its_header(
     assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == rids[1:]
 
 
+def test_a_publish_behind_others_waiting_for_room_is_held_back_with_nothing_to_carry_out() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=1, publish_timeout=5.0)
+    (c,) = ids.values()
+    core.publish("t", b"0", 0.0)
+    assert not core.held_back and sends(core.outputs())[c] == cmd.pub("t", b"0")
+    core.publish("t", b"1", 0.0)
+    assert not core.held_back  # the first to wait: the dispatch found no room
+    deadline = core.next_deadline()
+    core.publish("t", b"2", 0.1)
+    assert core.held_back and core.outputs() == [] and core.next_deadline() == deadline
+    core.receive_data(c, response(b"OK"), 0.2)
+    assert sends(core.outputs())[c] == cmd.mpub("t", [b"1", b"2"])
+    # what waited timed out: the next publish finds the queue changed and is dispatched
+    core.handle_timer(5.1)
+    assert core.pending == 0 and core.outputs()
+    core.receive_data(c, response(b"OK"), 5.2)
+    core.outputs()
+    core.publish("t", b"3", 5.3)
+    assert not core.held_back and sends(core.outputs())[c] == cmd.pub("t", b"3")
+
+
 def test_pipelining_without_coalescing() -> None:
     core, ids = started(["n1:4150"], max_outstanding=2, max_coalesced_messages=1)
     (c,) = ids.values()
