@@ -266,8 +266,9 @@ class Consumer(ClientBase):
                 self.connection_errors.append(event.error)
                 cause = event.error.__cause__
                 log.warning(
-                    "connection %d closed: %s%s",
+                    "connection %d%s: %s%s",
                     event.conn_id,
+                    " closed" if event.connected else "",  # never opened: the error says why
                     event.error,
                     "" if cause is None or str(cause) in str(event.error) else f" ({cause})",
                 )

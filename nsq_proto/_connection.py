@@ -269,7 +269,10 @@ class Connection:
         if error is None and self.state is ConnectionState.CLOSE_WAIT and not self._pending:
             self._end("closed by nsqd after CLOSE_WAIT", None, send_close=False)
             return
-        reason = "connection lost" if error is None else f"connection lost: {error}"
+        if self.state is ConnectionState.INIT:  # the transport never came up: not "lost"
+            reason = "could not connect" if error is None else str(error)
+        else:
+            reason = "connection lost" if error is None else f"connection lost: {error}"
         exc = ConnectionClosedError(reason)
         if error is not None:
             exc.__cause__ = error
@@ -550,6 +553,7 @@ class Connection:
         """The connection is over: pending publishes fail, ``Close`` (when ``send_close``)
         and ``ConnectionClosed`` are emitted."""
         after_close_wait = self.state is ConnectionState.CLOSE_WAIT and error is None
+        connected = self.state is not ConnectionState.INIT
         self._move(Trigger.ENDED)
         self._read_deadline = None
         self._handshake_deadline = None
@@ -568,7 +572,7 @@ class Connection:
             first = False
         if send_close:
             self._emit(Close(self.conn_id, reason))
-        self._emit(ConnectionClosed(self.conn_id, reason, error, after_close_wait))
+        self._emit(ConnectionClosed(self.conn_id, reason, error, after_close_wait, connected))
 
     def close(self, reason: str = "closed by the application") -> None:
         """Close now, without CLS.  Pending publishes fail with ConnectionClosedError."""

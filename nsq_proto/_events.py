@@ -139,12 +139,17 @@ class ConnectionClosed(Event):
 
     ``after_close_wait``: nsqd had answered CLS with CLOSE_WAIT, so it processed every
     command sent before it (a FIN it refused was answered with an error frame first); an
-    application that needs to know its answers reached nsqd reads it here."""
+    application that needs to know its answers reached nsqd reads it here.
+
+    ``connected``: False when the transport never came up (connecting failed, or the
+    connection was closed first); ``reason`` and ``error`` then say why it could not
+    connect."""
 
     conn_id: ConnId
     reason: str
     error: NSQError | None = None
     after_close_wait: bool = False
+    connected: bool = True
 
 
 @dataclass(frozen=True, slots=True)

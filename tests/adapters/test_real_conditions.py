@@ -3,6 +3,7 @@ handlers that await, many at once; redelivered messages; failures that retrying 
 
 from __future__ import annotations
 
+import re
 import ssl
 import time
 from contextlib import suppress
@@ -17,6 +18,7 @@ import trustme
 from nsq_anyio._server import serve_emulator
 from nsq_proto.testing import Authorization, AuthState, static_authorizer
 from nsq_proto.wire import encode_frame
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -294,3 +296,23 @@ async def test_a_publish_to_an_nsqd_that_stopped_answering_times_out_on_time(
                 await producer.publish("t", b"second")
             assert 0.4 <= anyio.current_time() - started < 1.5
         server_tg.cancel_scope.cancel()
+
+
+async def test_a_connection_that_never_opened_is_not_logged_as_lost(
+    lib: ModuleType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing listens at the address: the consumer says it could not connect (and tries
+    again), not that a connection closed or was lost."""
+    address = f"127.0.0.1:{free_port()}"
+    async with lib.Consumer("t", "c", nsqd_tcp_addresses=[address], reconnect_delay=0.1) as c:
+        with anyio.fail_after(5):
+            while c.stats()["last_error"] is None:
+                await anyio.sleep(0.02)
+    said = f"connecting to {address} failed: connection refused"
+    assert c.stats()["last_error"] == said
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "nsq" and address in r.getMessage()
+    ]
+    assert lines, caplog.text
+    for line in lines:
+        assert re.fullmatch(rf"connection \d+: {re.escape(said)}", line), line

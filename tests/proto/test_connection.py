@@ -375,6 +375,29 @@ def test_connection_lost_fails_pending() -> None:
     assert isinstance(out[1], ConnectionClosed) and isinstance(out[1].error, ConnectionClosedError)
 
 
+def test_a_connection_that_never_opened_is_not_said_to_be_lost() -> None:
+    """Connecting failed (refused, timed out): it was never open, so it is not "lost"; the
+    event says it never connected, and its error is what the transport said."""
+    conn = Connection(address=("127.0.0.1", 4150))
+    refused = ConnectionRefusedError("connecting to 127.0.0.1:4150 failed: connection refused")
+    conn.connection_lost(1.0, refused)
+    (closed,) = conn.outputs()
+    assert isinstance(closed, ConnectionClosed) and not closed.connected
+    assert isinstance(closed.error, ConnectionClosedError) and closed.error.__cause__ is refused
+    assert str(closed.error) == closed.reason == str(refused)
+    conn = Connection()
+    conn.connection_lost(1.0)
+    (closed,) = conn.outputs()
+    assert isinstance(closed, ConnectionClosed) and not closed.connected
+    assert closed.reason == str(closed.error) == "could not connect"
+    # once connected, it was open: lost
+    conn = ready_connection()
+    conn.connection_lost(1.0, OSError("reset"))
+    (closed,) = conn.outputs()
+    assert isinstance(closed, ConnectionClosed) and closed.connected
+    assert str(closed.error) == "connection lost: reset"
+
+
 def test_read_timeout_closes_a_silent_connection() -> None:
     conn = subscribed_connection(now=0.0, heartbeat_interval=30.0)
     assert conn.next_deadline() == 60.0
