@@ -557,7 +557,12 @@ class PublishQueue:
                 kept.append(cand)
                 continue
             joins = (
-                _coalescable(cand) and (cand.ext is not None) is has_ext and cand.not_before <= now
+                cand.kind is _Kind.PUB
+                and cand.trace_ids is None
+                and not cand.ext_traced
+                and not cand.alone
+                and (cand.ext is not None) is has_ext
+                and cand.not_before <= now
             )
             if joins and (cand.sharding_key is not None or cand.partition is not None):
                 try:
@@ -571,7 +576,8 @@ class PublishQueue:
                 if stream is not None:
                     break  # it may be of the ordered partition: nothing overtakes it
                 continue
-            added = _mpub_size(cand)
+            ext = cand.ext
+            added = 4 + len(cand.bodies[0]) + (0 if ext is None else 2 + len(ext))
             if size + added > max_bytes:
                 kept.append(cand)
                 break
@@ -980,6 +986,10 @@ class Producer:
             ext=ext,
             ext_traced=ext_traced,
         )
+        return self._queued(req)
+
+    def _queued(self, req: _Request) -> int:
+        """``req`` was queued: send what can go now (or nothing, when it is held back)."""
         queue = self._queue
         if (
             queue.full
@@ -992,6 +1002,7 @@ class Producer:
             self._held_back = True
             return req.request_id
         self._held_back = False
+        topic = req.topic
         if self._lookupd.addresses and not self._routes.known(topic):
             self._lookup(topic)
         self._dispatch()
@@ -1011,6 +1022,22 @@ class Producer:
     ) -> int:
         """PUB (DPUB with ``delay`` seconds, PUB_TRACE with ``trace_id``, PUB_EXT with an
         ``ext`` JSON header on the partitioned server)."""
+        if (
+            type(body) is bytes
+            and body
+            and partition is None
+            and sharding_key is None
+            and trace_id is None
+            and delay is None
+            and ext is None
+            and not self._closing
+        ):
+            # the everyday publish: checked here, queued at once
+            self._now = now
+            check_topic(topic)
+            return self._queued(
+                self._queue.add(topic, _Kind.PUB, [body], now + self.config.publish_timeout)
+            )
         if delay is not None and (trace_id is not None or partition is not None or ext):
             raise LocalProtocolError("DPUB takes no partition, trace id or extension header")
         if trace_id is not None:
