@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import http.client
+import inspect
 import ipaddress
 import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import ssl
@@ -35,7 +38,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -48,8 +51,10 @@ __all__ = ["main", "serve_main"]
 
 _T = TypeVar("_T")
 
-#: how long ``stats`` and the channel check of ``tail`` wait for an HTTP answer
+#: how long ``stats`` waits for an HTTP answer
 _HTTP_TIMEOUT = 10.0
+#: how long ``tail`` waits for each nsqlookupd's first answer
+_LOOKUP_TIMEOUT = 2.0
 
 
 class _Failure(Exception):
@@ -133,7 +138,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=_address,
         metavar="HOST:PORT",
-        help="nsqd TCP address",
+        help="nsqd TCP address (repeatable)",
     )
     parser.add_argument(
         "--lookupd-http-address",
@@ -141,14 +146,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=_address,
         metavar="HOST:PORT",
-        help="nsqlookupd HTTP address",
+        help="nsqlookupd HTTP address (repeatable)",
     )
     parser.add_argument("--tls", action="store_true", help="negotiate TLS")
     parser.add_argument("--tls-ca", metavar="FILE", help="CA bundle to verify nsqd with")
     parser.add_argument("--tls-insecure", action="store_true", help="do not verify the certificate")
     parser.add_argument("--snappy", action="store_true", help="snappy compression")
     parser.add_argument("--deflate", action="store_true", help="deflate compression")
-    parser.add_argument("--auth-secret", help="AUTH secret")
+    parser.add_argument("--auth-secret", metavar="SECRET", help="AUTH secret")
     _backend(parser)
 
 
@@ -157,7 +162,7 @@ def _backend(parser: argparse.ArgumentParser) -> None:
         "--backend",
         choices=["asyncio", "trio"],
         default="asyncio",
-        help="event loop (default asyncio)",
+        help="event loop (default: %(default)s)",
     )
 
 
@@ -312,33 +317,26 @@ def _json_line(message: Any) -> bytes:
     return json.dumps(record, ensure_ascii=False).encode() + b"\n"
 
 
-def _lookup_channels(lookupds: list[str], topic: str) -> set[str] | None:
-    """The channels the nsqlookupds list for ``topic`` (empty for an unknown topic); None
-    when none of them answered."""
+def _lookup_channels(lookupds: list[str], topic: str) -> set[str]:
+    """The channels the nsqlookupds list for ``topic`` (none for a topic they do not know); a
+    :class:`_Failure` naming an nsqlookupd that does not answer (nothing listens there, it
+    refuses, it is not nsqlookupd)."""
     channels: set[str] = set()
-    answered = False
     query = urllib.parse.urlencode({"topic": topic})
     for address in lookupds:
-        try:
-            with urllib.request.urlopen(f"http://{address}/lookup?{query}", timeout=2) as reply:
-                data = json.load(reply)
-        except urllib.error.HTTPError as exc:
-            answered = answered or exc.code == 404  # TOPIC_NOT_FOUND
-            continue
-        except (OSError, ValueError, http.client.HTTPException):
-            continue
-        if isinstance(data, dict):
-            data = data.get("data", data)  # older nsqlookupd answer in an envelope
-            channels.update(data.get("channels") or [])
-            answered = True
-    return channels if answered else None
+        answer = _http_json(
+            address, f"/lookup?{query}", service="nsqlookupd", timeout=_LOOKUP_TIMEOUT
+        )
+        if answer is not None:  # None: 404, TOPIC_NOT_FOUND
+            channels.update(answer.get("channels") or [])
+    return channels
 
 
 def _new_channel_note(args: argparse.Namespace, topic: str, channel: str) -> str | None:
     """What to say of a channel that may not exist yet: nsqd gives a new channel only the
     messages published after it was created (the first channel of a topic also takes what
     the topic held)."""
-    known = None
+    known: set[str] | None = None
     if args.lookupd_http_address:
         known = _lookup_channels(args.lookupd_http_address, topic)
     if known is None:
@@ -375,11 +373,113 @@ async def _in_daemon_thread(function: Callable[..., _T], *args: Any) -> _T:
     return results[0]
 
 
-async def _say_when_subscribed(consumer: Consumer, note: str) -> None:
-    """Print ``note`` once the consumer is subscribed: "from now on" is then true."""
-    while not any(c["state"] == "SUBSCRIBED" for c in consumer.stats()["connections"]):
-        await anyio.sleep(0.02)
-    print(note, file=sys.stderr, flush=True)
+#: how far nsqd's clock may lag this machine's before a message published after tail
+#: subscribed looks older than its subscription (the backlog warning ignores the difference)
+_CLOCK_SKEW = 1.0
+
+
+class _Connections:
+    """Watches tail's connections as they come up (:meth:`watch`, a task beside the
+    consumer):
+
+    - until each nsqd given with ``--nsqd-tcp-address`` has been subscribed to once, a failed
+      connection to it ends tail (a :class:`_Failure`: an address that does not answer at the
+      start is a mistake to report, as nsq_tail does, not an outage to wait out); the
+      consumer's own warnings are held back meanwhile, so that the error is said once;
+    - prints ``note`` (what a new channel receives) once subscribed, when it is true;
+    - knows when each nsqd was subscribed to (by this machine's clock), so that a message
+      published before that is recognised (:meth:`from_before`).
+    """
+
+    def __init__(
+        self, consumer: Consumer, args: argparse.Namespace, note: str | None, started: float
+    ) -> None:
+        self.consumer = consumer
+        self.note = note
+        self.lookupd = bool(args.lookupd_http_address)
+        self.given = {_host_port(address) for address in args.nsqd_tcp_address}
+        #: the given nsqd not subscribed to yet
+        self.pending = set(self.given)
+        #: nsqd address -> a time before tail subscribed to it
+        self.subscribed_after: dict[str, float] = {}
+        #: when the connections were last looked at (none subscribed then is before this)
+        self.checked_at = started
+        self._judged: BaseException | None = None
+
+    async def watch(self) -> None:
+        log = logging.getLogger("nsq")
+        level = log.level
+        if self.pending:
+            log.setLevel(logging.ERROR)
+        try:
+            while True:
+                now = time.time()
+                subscribed = {
+                    c["address"]
+                    for c in self.consumer.stats()["connections"]
+                    if c["state"] == "SUBSCRIBED"
+                }
+                for address in subscribed:
+                    self.subscribed_after.setdefault(address, self.checked_at)
+                self.checked_at = now
+                if subscribed and self.note is not None:
+                    print(self.note, file=sys.stderr, flush=True)
+                    self.note = None
+                if self.pending:
+                    self.pending -= subscribed
+                    self._judge_failures()
+                    if not self.pending:
+                        log.setLevel(level)
+                await anyio.sleep(0.02)
+        finally:
+            log.setLevel(level)
+
+    def _judge_failures(self) -> None:
+        """A failure of a connection to a given nsqd not subscribed to yet ends tail."""
+        errors = self.consumer.connection_errors
+        fresh: list[BaseException] = []
+        for error in reversed(errors):
+            if error is self._judged:
+                break
+            fresh.append(error)
+        if errors:
+            self._judged = errors[-1]
+        for error in reversed(fresh):
+            text = str(error)
+            named = {address for address in self.given if _names(text, address)}
+            if named:
+                if not named & self.pending:
+                    continue  # an nsqd subscribed to already: waited for
+            elif self.lookupd:
+                continue  # an nsqd found through nsqlookupd: waited for
+            else:  # the connection is to one of the given nsqd, and says not which
+                text = f"{', '.join(sorted(self.pending))}: {text}"
+            raise _Failure(text)
+
+    def from_before(self, message: Any) -> bool:
+        """Whether ``message`` was published before tail subscribed to its nsqd (by its
+        timestamp, nsqd's clock, give or take :data:`_CLOCK_SKEW`)."""
+        subscribed = self.subscribed_after.get(message.nsqd_address, self.checked_at)
+        return bool(message.timestamp / 1e9 < subscribed - _CLOCK_SKEW)
+
+
+def _host_port(address: str) -> str:
+    """``address`` as the consumer names it (``host:port``, an IPv6 host without brackets)."""
+    host, port = nsq_proto.parse_address(address)
+    return f"{host}:{port}"
+
+
+def _names(text: str, address: str) -> bool:
+    """Whether ``text`` names ``address`` (not an address that merely contains it)."""
+    return re.search(rf"(?<![\w.:]){re.escape(address)}(?!\w)", text) is not None
+
+
+def _backlog_warning(topic: str, channel: str) -> str:
+    return (
+        f"warning: channel {channel} took messages published to {topic} before it was "
+        f"created ({topic} had no other channel): nsqd deletes them with this ephemeral "
+        "channel when tail ends; give --channel to read them into a channel that stays"
+    )
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -391,12 +491,19 @@ async def _tail(args: argparse.Namespace) -> int:
     progress = _Progress("received", topic)
     as_json = args.format == "json"
     out = sys.stdout.buffer
+    # on the channel tail made up, a message published before it existed is from the topic's
+    # backlog, which it took because the topic had no channel: nsqd deletes it with the channel
+    warn_of_backlog = not args.channel
+    started = time.time()
     try:
         async with Consumer(topic, channel, **options) as consumer:
+            connections = _Connections(consumer, args, note, started)
             async with anyio.create_task_group() as tg:
-                if note is not None:
-                    tg.start_soon(_say_when_subscribed, consumer, note)
+                tg.start_soon(connections.watch)
                 async for message in consumer:
+                    if warn_of_backlog and connections.from_before(message):
+                        print(_backlog_warning(topic, channel), file=sys.stderr, flush=True)
+                        warn_of_backlog = False
                     out.write(_json_line(message) if as_json else message.body + b"\n")
                     out.flush()
                     await message.finish()
@@ -432,51 +539,71 @@ def _stats_rows(stats: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _not_http(address: str) -> str:
+def _not_http(address: str, service: str = "nsqd") -> str:
+    if service == "nsqlookupd":
+        return (
+            f"{address} does not answer HTTP: give nsqlookupd's HTTP address (port 4161 by default)"
+        )
     return (
         f"{address} does not answer HTTP: is it nsqd's TCP port? "
         "give nsqd's HTTP address (port 4151 by default)"
     )
 
 
-def _fetch_stats(address: str, query: str) -> dict[str, Any]:
-    """nsqd's ``/stats`` at ``address``; a :class:`_Failure` naming what went wrong."""
-    url = f"http://{address}/stats?{query}"
+def _http_json(address: str, target: str, *, service: str, timeout: float) -> dict[str, Any] | None:
+    """The JSON object that ``service`` (nsqd or nsqlookupd) at ``address`` answers ``GET
+    target`` with (without the envelope of older versions), or None when it answers 404; a
+    :class:`_Failure` naming anything else that went wrong."""
+    path = target.split("?", 1)[0]
     try:
-        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT) as response:
+        with urllib.request.urlopen(f"http://{address}{target}", timeout=timeout) as response:
             body = response.read()
     except urllib.error.HTTPError as exc:
-        hint = ": not nsqd's HTTP address (nsqlookupd's?)" if exc.code == 404 else ""
-        raise _Failure(
-            f"{address} answered /stats with HTTP {exc.code} {exc.reason}{hint}"
-        ) from None
+        if exc.code == 404:
+            return None
+        raise _Failure(f"{address} answered {path} with HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, OSError):
-            raise _Failure(_os_error(reason, address)) from None
+            raise _Failure(_os_error(reason, address, service, timeout)) from None
         raise _Failure(f"{address}: {reason}") from None
     except http.client.HTTPException:
-        raise _Failure(_not_http(address)) from None
+        raise _Failure(_not_http(address, service)) from None
     except OSError as exc:
-        raise _Failure(_os_error(exc, address)) from None
+        raise _Failure(_os_error(exc, address, service, timeout)) from None
     try:
         data = json.loads(body)
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        raise _Failure(f"{address} did not answer /stats with JSON: is it nsqd's HTTP address?")
-    stats: dict[str, Any] = data.get("data", data)  # older nsqd answer in an envelope
+        raise _Failure(
+            f"{address} did not answer {path} with JSON: is it {service}'s HTTP address?"
+        )
+    answer = data.get("data", data)  # older versions answer in an envelope
+    return answer if isinstance(answer, dict) else data
+
+
+def _fetch_stats(address: str, query: str) -> dict[str, Any]:
+    """nsqd's ``/stats`` at ``address``; a :class:`_Failure` naming what went wrong."""
+    stats = _http_json(address, f"/stats?{query}", service="nsqd", timeout=_HTTP_TIMEOUT)
+    if stats is None:
+        raise _Failure(
+            f"{address} answered /stats with HTTP 404 Not Found: not nsqd's HTTP address "
+            "(nsqlookupd's?)"
+        )
     return stats
 
 
-def _os_error(exc: OSError, address: str) -> str:
+def _os_error(
+    exc: OSError, address: str, service: str = "nsqd", timeout: float = _HTTP_TIMEOUT
+) -> str:
     """One line for a failure to reach ``address``."""
     if isinstance(exc, ConnectionRefusedError):
         return f"connection refused by {address}"
     if isinstance(exc, ConnectionResetError | ConnectionAbortedError):
-        return _not_http(address)
+        return _not_http(address, service)
     if isinstance(exc, TimeoutError):
-        return f"{address} did not answer within {_HTTP_TIMEOUT:g} s"
+        return f"{address} did not answer within {timeout:g} s"
     if isinstance(exc, socket.gaierror):
         return f"cannot resolve the host of {address}: {exc.strerror}"
     return f"{address}: {exc.strerror or exc}"
@@ -489,8 +616,17 @@ def _stats(args: argparse.Namespace) -> int:
     )
     shown = 0
     while True:
-        for address in args.nsqd_http_address:
-            rows = _stats_rows(_fetch_stats(address, query))
+        answers = [(address, _fetch_stats(address, query)) for address in args.nsqd_http_address]
+        if args.topic:
+            for _, stats in answers:  # an nsqd that does not filter by topic is filtered here
+                stats["topics"] = [
+                    t for t in stats.get("topics") or [] if t.get("topic_name") == args.topic
+                ]
+            if not any(stats["topics"] for _, stats in answers):
+                where = ", ".join(args.nsqd_http_address)
+                raise _Failure(f"topic {args.topic} does not exist on {where}")
+        for address, stats in answers:
+            rows = _stats_rows(stats)
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
             print(f"# {address}")
             for row in rows:
@@ -633,68 +769,204 @@ def _runtime_error(error: BaseException) -> str | None:
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``serve``: where to listen, and the event loop."""
     parser.add_argument(
-        "--host", type=_loopback, default="127.0.0.1", help="loopback address to bind"
+        "--host",
+        type=_loopback,
+        default="127.0.0.1",
+        help="loopback address to listen on: 127.0.0.1, ::1 or localhost (default: %(default)s)",
     )
-    parser.add_argument("--tcp-port", type=_port, default=4150, help="nsqd TCP (0: any free)")
-    parser.add_argument("--http-port", type=_port, default=4151, help="nsqd HTTP (0: any free)")
-    parser.add_argument(
-        "--lookupd-http-port", type=_port, default=4161, help="nsqlookupd HTTP (0: any free)"
-    )
+    for option, default, what in (
+        ("--tcp-port", 4150, "nsqd TCP"),
+        ("--http-port", 4151, "nsqd HTTP"),
+        ("--lookupd-http-port", 4161, "nsqlookupd HTTP"),
+    ):
+        parser.add_argument(
+            option,
+            type=_port,
+            default=default,
+            metavar="PORT",
+            help=f"{what} port, 0 for any free one (default: %(default)s)",
+        )
     _backend(parser)
+
+
+#: the end of ``tail --help``: what tail does when an address does not answer, and what a new
+#: channel receives (as docs/cli.md says)
+_TAIL_EPILOG = """\
+addresses that do not answer:
+  An nsqd given with --nsqd-tcp-address that refuses tail's first connection
+  (nothing listens there, TLS, AUTH, not nsqd), or an nsqlookupd given with
+  --lookupd-http-address that does not answer tail's first query, ends tail
+  with one error line and exit status 1. Once subscribed, tail waits for an
+  nsqd that goes away (a restart) and reconnects to it, as nsq_tail does.
+
+a new channel:
+  Without --channel, tail reads a new ephemeral channel, which receives what is
+  published from now on; but when the topic has no channel yet, it also takes
+  every message the topic holds, and nsqd deletes them with the channel when
+  tail ends (tail warns when that happens). Give --channel to read a channel
+  that stays.
+"""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with a suggestion for a mistyped choice (a subcommand's name) where
+    argparse has none of its own (``suggest_on_error``, Python 3.14 and later)."""
+
+    def error(self, message: str) -> NoReturn:
+        if _SUGGESTS_CHOICES:
+            super().error(message)
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice is not None:
+            choices = [c.strip().strip("'") for c in choice[2].split(",")]
+            close = difflib.get_close_matches(choice[1], choices, n=1)
+            if close:
+                message = (
+                    f"{message[: choice.start()]}invalid choice: {choice[1]!r}, "
+                    f"maybe you meant {close[0]!r}? (choose from {choice[2]})"
+                )
+        super().error(message)
+
+
+#: argparse suggests close choices itself (Python 3.14 and later)
+_SUGGESTS_CHOICES = "suggest_on_error" in inspect.signature(argparse.ArgumentParser).parameters
+
+
+def _new_parser(**kwargs: Any) -> _ArgumentParser:
+    if _SUGGESTS_CHOICES:
+        kwargs["suggest_on_error"] = True
+    return _ArgumentParser(**kwargs)
+
+
+def _parse(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    commands: dict[str, argparse.ArgumentParser] | None = None,
+) -> argparse.Namespace:
+    """``argv`` parsed; an argument no option takes is a usage error of the subcommand it was
+    given to (its usage, ``PROG SUBCOMMAND: error: ...``), naming the close option."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        owner = parser if commands is None else commands[args.command]
+        known = [o for action in owner._actions for o in action.option_strings]
+        hints = []
+        for word in unknown:
+            name = word.split("=", 1)[0]
+            if name.startswith("-"):
+                close = difflib.get_close_matches(name, known, n=1)
+                if close:
+                    hints.append(f"did you mean {close[0]}?")
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
 
 
 def _parser(
     prog: str | None,
 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog=prog, description="NSQ on anyio")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _new_parser(prog=prog, description="NSQ on anyio")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
+    extra: dict[str, Any] = {"suggest_on_error": True} if _SUGGESTS_CHOICES else {}
 
-    serve = sub.add_parser("serve", help="run the NSQ emulator on loopback")
+    serve = sub.add_parser("serve", help="run the NSQ emulator on loopback", **extra)
     _serve_arguments(serve)
 
-    pub = sub.add_parser("pub", help="publish stdin lines (or generated bodies) to a topic")
-    pub.add_argument("topic", nargs="?", type=_topic_name)
-    pub.add_argument(
-        "--topic", dest="topic_flag", type=_topic_name, metavar="TOPIC", help="the topic (to_nsq)"
+    pub = sub.add_parser(
+        "pub", help="publish stdin lines (or generated bodies) to a topic", **extra
     )
+    _topic_arguments(pub, "to_nsq")
     pub.add_argument(
         "--count", type=_count, help="publish this many generated bodies instead of stdin"
     )
-    pub.add_argument("--size", type=_count, default=200, help="size of generated bodies")
-    pub.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for nsqd")
+    pub.add_argument(
+        "--size",
+        type=_count,
+        default=200,
+        metavar="BYTES",
+        help="size of each generated body (default: %(default)s)",
+    )
+    pub.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a publish waits for nsqd (default: %(default)g)",
+    )
     _common(pub)
 
-    tail = sub.add_parser("tail", help="print the bodies of a topic/channel")
-    tail.add_argument("topic", nargs="?", type=_topic_name)
-    tail.add_argument(
-        "--topic", dest="topic_flag", type=_topic_name, metavar="TOPIC", help="the topic (nsq_tail)"
+    tail = sub.add_parser(
+        "tail",
+        help="print the bodies of a topic/channel",
+        epilog=_TAIL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **extra,
     )
+    _topic_arguments(tail, "nsq_tail")
     tail.add_argument(
-        "--channel", type=_channel_name, help="the channel (default: a new ephemeral one)"
+        "--channel", type=_channel_name, help="the channel (without it: a new ephemeral one)"
     )
-    tail.add_argument("-n", "--n", type=_count, help="stop after N messages")
-    tail.add_argument("--max-in-flight", type=_count, default=200)
+    tail.add_argument("-n", type=_count, metavar="N", help="stop after N messages")
+    # nsq_tail's other spelling (Go's flags take -n and --n), not shown twice in the help
+    tail.add_argument("--n", type=_count, dest="n", help=argparse.SUPPRESS)
+    tail.add_argument(
+        "--max-in-flight",
+        type=_count,
+        default=200,
+        metavar="N",
+        help="messages nsqd may send before tail answers them (default: %(default)s)",
+    )
     tail.add_argument(
         "--format",
         choices=["raw", "json"],
         default="raw",
-        help="raw bodies (default) or JSON lines with id, attempts, timestamp, nsqd and body",
+        help="raw bodies, or JSON lines with id, attempts, timestamp, nsqd and body "
+        "(default: %(default)s)",
     )
     _common(tail)
 
-    stats = sub.add_parser("stats", help="depth, in-flight, requeue and timeout counts")
+    stats = sub.add_parser("stats", help="depth, in-flight, requeue and timeout counts", **extra)
     stats.add_argument(
-        "--nsqd-http-address", action="append", required=True, type=_address, metavar="HOST:PORT"
+        "--nsqd-http-address",
+        action="append",
+        required=True,
+        type=_address,
+        metavar="HOST:PORT",
+        help="nsqd HTTP address (port 4151 by default; repeatable)",
     )
     stats.add_argument("--topic", type=_topic_name, help="only this topic")
-    stats.add_argument("--interval", type=_seconds, help="show again every this many seconds")
+    stats.add_argument(
+        "--interval",
+        type=_seconds,
+        metavar="SECONDS",
+        help="show again every this many seconds (without it: once)",
+    )
     stats.add_argument("--count", type=_count, help="with --interval: stop after this many")
 
-    demo = sub.add_parser("demo", help="publish/tail round trip against the embedded emulator")
-    demo.add_argument("--count", type=_count, default=10000)
-    demo.add_argument("--topic", type=_topic_name, default="demo")
+    demo = sub.add_parser(
+        "demo", help="publish/tail round trip against the embedded emulator", **extra
+    )
+    demo.add_argument(
+        "--count",
+        type=_count,
+        default=10000,
+        help="messages to publish and consume back (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--topic", type=_topic_name, default="demo", help="the topic (default: %(default)s)"
+    )
     _backend(demo)
     return parser, {"serve": serve, "pub": pub, "tail": tail, "stats": stats, "demo": demo}
+
+
+def _topic_arguments(parser: argparse.ArgumentParser, tool: str) -> None:
+    """The topic, as an argument or as ``--topic=`` (as nsq's own ``tool`` takes it)."""
+    parser.add_argument("topic", nargs="?", type=_topic_name, help="the topic (or --topic)")
+    parser.add_argument(
+        "--topic",
+        dest="topic_flag",
+        type=_topic_name,
+        metavar="TOPIC",
+        help=f"the topic, as {tool} takes it",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -712,18 +984,18 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     ``prog`` is the program's name in its usage (default: the name it was started by, e.g.
     ``nsq-sansio``)."""
     parser, commands = _parser(prog)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv, commands)
     return _main(commands[args.command], args)
 
 
 def serve_main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     """``serve`` alone, as a program of its own (``python -m nsq_emulator``): the same options,
     checks, output and exit statuses."""
-    parser = argparse.ArgumentParser(
+    parser = _new_parser(
         prog=prog, description="run the NSQ emulator (one nsqd and an nsqlookupd) on loopback"
     )
     _serve_arguments(parser)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     args.command = "serve"
     return _main(parser, args)
 

@@ -10,7 +10,8 @@
   own, and commands run as a user runs them;
 - :mod:`.emulator_client`: a scripted client writing raw commands to the emulated nsqd;
 - :mod:`.spec_fixtures`: loading ``spec-fixtures/`` and replaying its sessions;
-- :mod:`.codeblocks`: running the Python blocks of the README and the docs.
+- :mod:`.codeblocks`: running the Python blocks of the README and the docs;
+- :mod:`.extras`: what each extra installs, and programs run as where only some are.
 
 ``tests/compiled.py`` (is the core the compiled one) stays where the core's tests and
 ``.ci/mypyc.sh`` import it.
