@@ -68,6 +68,9 @@ class Producer(ClientBase):
         )
         self._drive(self._core, self._on_event, self.config.write_timeout)
         self._waiters: dict[int, _Waiter] = {}
+        #: set once no publish waits (what :meth:`aclose` waits for; a publish's own event
+        #: has its publisher as its one waiter)
+        self._idle: EventLike | None = None
         self._closed = False
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
@@ -84,7 +87,8 @@ class Producer(ClientBase):
             now = backend.current_time()
             with backend.cancel_scope(deadline=now + self.config.publish_timeout):
                 while self._waiters:
-                    await next(iter(self._waiters.values())).done.wait()
+                    self._idle = idle = backend.event()
+                    await idle.wait()
             self._core.close(backend.current_time())
             with backend.cancel_scope(deadline=backend.current_time() + 5.0):
                 await self._runner.flush()
@@ -101,6 +105,10 @@ class Producer(ClientBase):
             if waiter is not None:
                 waiter.error = event.error
                 waiter.done.set()
+        else:
+            return
+        if self._idle is not None and not self._waiters:
+            self._idle.set()
 
     async def _wait(self, request_id: int) -> TraceReceipt | None:
         waiter = _Waiter(self._backend.event())
@@ -111,7 +119,10 @@ class Producer(ClientBase):
                 await self._runner.drain_here()
             await waiter.done.wait()
         finally:
-            self._waiters.pop(request_id, None)
+            waiters = self._waiters
+            idle = self._idle
+            if waiters.pop(request_id, None) is not None and idle is not None and not waiters:
+                idle.set()  # cancelled: one fewer for aclose to wait for
         if waiter.error is not None:
             raise waiter.error
         return waiter.receipt

@@ -405,3 +405,32 @@ async def test_get_many_and_finish_many(lib: ModuleType) -> None:
             assert (s.depth, s.message_count, s.requeue_count) == (0, 30, 0)
         # a stopped consumer gives an empty list
         assert await c.get_many(5) == []
+
+
+async def test_leaving_the_producer_waits_for_the_publishes_of_other_tasks(lib: ModuleType) -> None:
+    """Leaving ``async with`` waits until every publish in flight is answered; a publisher
+    cancelled meanwhile holds nothing up."""
+    async with serve_emulator(lookupd=False) as cluster:
+        answered: list[int] = []
+
+        async def one(producer: Any, i: int) -> None:
+            await producer.publish("t", b"%d" % i)
+            answered.append(i)
+
+        with anyio.fail_after(TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                async with lib.Producer(nsqd_tcp_addresses=cluster.nsqd_tcp_addresses) as p:
+                    await p.publish("t", b"connected")
+                    cluster.nsqds[0].delay_output(0.3)
+                    doomed = anyio.CancelScope()
+
+                    async def cancelled() -> None:
+                        with doomed:
+                            await p.publish("t", b"cancelled")
+
+                    tg.start_soon(cancelled)
+                    for i in range(4):
+                        tg.start_soon(one, p, i)
+                    await anyio.sleep(0.05)
+                    doomed.cancel()
+                assert sorted(answered) == [0, 1, 2, 3]
