@@ -6,7 +6,9 @@ partitioned NSQ extension.  It does no I/O, reads no clock and starts no thread:
 ``now`` (seconds on the caller's monotonic clock) go in, bytes and deadlines come out.  Wire
 a client core to it in memory, or serve it from an adapter that only moves bytes and time:
 :mod:`nsq_emulator.loopback` (``serve_emulator``, on anyio) serves it on loopback TCP, and
-``python -m nsq_emulator`` runs one nsqd and an nsqlookupd there until stopped.  It is built
+``python -m nsq_emulator`` runs one nsqd and an nsqlookupd there until stopped;
+:mod:`nsq_emulator.proxy` (``FaultProxy``, on anyio) puts network faults (a delay, half-open,
+trickled bytes, resets) between a client and any nsqd.  The emulator is built
 on the public names of :mod:`nsq_proto` alone; :mod:`nsq_emulator.frames` holds what only a
 server writes (message frames, traced-publish receipts).  Its pytest plugin
 (``nsq_emulator.pytest_plugin``, registered by the package) gives the ``nsq_emulator`` and

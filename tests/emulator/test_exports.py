@@ -1,5 +1,5 @@
 """nsq_emulator is public, documented and pure (no I/O, no clock, no global random), apart
-from its loopback host, its program and its pytest plugin; nsq_proto.testing, kept for
+from its loopback host, its fault proxy, its program and its pytest plugin; nsq_proto.testing, kept for
 compatibility, is the same objects."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import nsq_emulator as emu
 import nsq_proto.testing
 
 PACKAGE = Path(emu.__file__).parent
-#: the emulator's modules that do I/O: the loopback host (anyio), ``python -m nsq_emulator``
-#: and the pytest plugin
-HOSTS = {"loopback.py", "__main__.py", "pytest_plugin.py"}
+#: the emulator's modules that do I/O: the loopback host (anyio), the fault proxy (anyio),
+#: ``python -m nsq_emulator`` and the pytest plugin
+HOSTS = {"loopback.py", "proxy.py", "__main__.py", "pytest_plugin.py"}
 FORBIDDEN_MODULES = {
     "socket",
     "ssl",
