@@ -22,7 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, Output, Send, StartTLS
+from nsq_proto import (
+    ClientCore,
+    Close,
+    Connect,
+    Event,
+    HttpRequest,
+    Output,
+    Send,
+    StartTLS,
+    parse_address,
+)
 
 from ._cluster import Cluster
 from ._lookupd import Lookupd
@@ -54,8 +64,22 @@ class _Attached:
     links: dict[int, _Link] = field(default_factory=dict)
 
 
+S = TypeVar("S")
+
+
+def _at(servers: dict[tuple[str, int], S], address: str, kind: str) -> S:
+    server = servers.get(parse_address(address))
+    if server is None:
+        known = ", ".join(f"{host}:{port}" for host, port in sorted(servers)) or "none"
+        raise KeyError(f"no {kind} at {address} (this network has {known})")
+    return server
+
+
 class MemoryNetwork:
-    """Moves bytes between attached cores and the emulated servers; owns the clock."""
+    """Moves bytes between attached cores and the emulated servers; owns the clock.
+
+    The servers are reached as clients reach them: ``net.nsqd("nsqd1:4150")``,
+    ``net.lookupd("lookupd:4161")``."""
 
     def __init__(
         self,
@@ -70,7 +94,10 @@ class MemoryNetwork:
         #: is added; None: each server's ``wall_clock_offset``, else ``FIXED_EPOCH``
         self.wall_clock = wall_clock
         self.max_steps = max_steps
+        #: every nsqd, by ``(broadcast address, TCP port)``: ``nsqds[("nsqd1", 4150)]``
+        #: (:meth:`nsqd` takes the address as clients write it, ``"nsqd1:4150"``)
         self.nsqds: dict[tuple[str, int], Nsqd] = {}
+        #: every nsqlookupd, by ``(broadcast address, HTTP port)`` (:meth:`lookupd`)
         self.lookupds: dict[tuple[str, int], Lookupd] = {}
         self.clusters: list[Cluster] = []
         self._clients: list[_Attached] = []
@@ -93,6 +120,16 @@ class MemoryNetwork:
         if self.wall_clock is not None:
             lookupd.set_wall_clock(self.wall_clock(), self.now)
         return lookupd
+
+    def nsqd(self, address: str) -> Nsqd:
+        """The nsqd clients reach at ``address``, written as they write it (``"nsqd1:4150"``:
+        its broadcast address and TCP port); a KeyError naming those the network has."""
+        return _at(self.nsqds, address, "nsqd")
+
+    def lookupd(self, address: str) -> Lookupd:
+        """The nsqlookupd clients reach at ``address`` (``"lookupd:4161"``: its broadcast
+        address and HTTP port); a KeyError naming those the network has."""
+        return _at(self.lookupds, address, "nsqlookupd")
 
     def add_cluster(self, cluster: Cluster) -> Cluster:
         """Every node and lookupd of a partitioned cluster."""

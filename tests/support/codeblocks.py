@@ -1,11 +1,13 @@
 """Run the Python code blocks of a Markdown page (the README, the docs) as a reader would.
 
-Each ```` ```python ```` block runs in a fresh interpreter, as ``__main__``, with a timeout;
-afterwards every ``test_*`` function it defines is called (``async`` ones with
-``anyio.run``), so a page can show a pytest test and have it run here.  A block that talks to
-nsqd at ``127.0.0.1:4150`` (nsqd HTTP ``:4151``, nsqlookupd ``:4161``) gets an emulator of
-its own, served on free ports that replace those addresses.  An HTML comment right above a
-block changes how it runs (the rendered page does not show it):
+Each ```` ```python ```` block runs in a fresh interpreter, as ``__main__``, with a timeout.
+A block that defines ``test_*`` functions is a test file, and runs as a reader runs one: saved
+as ``test_*.py`` and run by ``python -m pytest`` (with the plugins installed, anyio's and
+the emulator's, and no configuration of this project), which must pass every test it collects,
+with nothing skipped and no warning.  A block that talks to nsqd at ``127.0.0.1:4150`` (nsqd
+HTTP ``:4151``, nsqlookupd ``:4161``) gets an emulator of its own, served on free ports that
+replace those addresses.  An HTML comment right above a block changes how it runs (the
+rendered page does not show it):
 
 - ``<!-- docs-test: skip REASON -->``: not run, and the reason says why;
 - ``<!-- docs-test: continue -->``: runs after the page's previous block, in one program;
@@ -41,19 +43,15 @@ _ADDRESSES = {
 }
 _RUNNER = textwrap.dedent(
     """
-    import inspect, sys
+    import sys
     namespace = {"__name__": "__main__"}
     exec(compile(open(sys.argv[1]).read(), sys.argv[2], "exec"), namespace)
-    for name, value in list(namespace.items()):
-        if name.startswith("test_") and inspect.isfunction(value):
-            if inspect.iscoroutinefunction(value):
-                import anyio
-
-                anyio.run(value)
-            else:
-                value()
     """
 )
+#: a block that is a test file: it defines test functions
+_TESTS = re.compile(r"^(?:async )?def test_", re.M)
+#: what pytest -q ends with when every test passed, and nothing else happened
+_ALL_PASSED = re.compile(r"^\d+ passed in [\d.]+s")
 
 
 @dataclass(frozen=True)
@@ -105,10 +103,13 @@ def run(block: Block, tmp_path: Path, timeout: float = 60.0) -> None:
 
 
 def _run(block: Block, code: str, tmp_path: Path, timeout: float) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if _TESTS.search(code):
+        _run_tests(block, code, tmp_path, timeout, env)
+        return
     source = tmp_path / "block.py"
     source.write_text(code)
     command = [sys.executable, "-c", _RUNNER, str(source), block.name]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -140,3 +141,29 @@ def _run(block: Block, code: str, tmp_path: Path, timeout: float) -> None:
             f"{block.name} still running after {timeout} s:\n{out}\n{err}"
         ) from None
     assert proc.returncode == 0, f"{block.name} failed (exit {proc.returncode}):\n{out}\n{err}"
+
+
+def _run_tests(
+    block: Block, code: str, tmp_path: Path, timeout: float, env: dict[str, str]
+) -> None:
+    """The block as a test file of a reader's project, under pytest."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # none of this project's settings
+    (tmp_path / "test_block.py").write_text(code)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_block.py"]
+    try:
+        out = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{block.name}: pytest still running after {timeout} s") from exc
+    summary = out.stdout.rstrip().splitlines()[-1] if out.stdout.strip() else ""
+    assert out.returncode == 0 and _ALL_PASSED.match(summary), (
+        f"{block.name} as a test file under pytest (exit {out.returncode}):\n"
+        f"{out.stdout}\n{out.stderr}"
+    )
