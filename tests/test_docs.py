@@ -40,6 +40,25 @@ def test_every_page_is_in_the_navigation() -> None:
         assert str(page.relative_to(DOCS)) in nav, f"{page} is not in mkdocs.yml's nav"
 
 
+REFERENCE = sorted((DOCS / "reference").glob("*.md"))
+#: what a reference page says first: its body is generated, and how to see it
+GENERATED = (
+    "This reference is generated from the docstrings when the documentation site is built (`pip "
+    'install -e ".[docs]" && mkdocs serve`, or `mkdocs build`); read as plain Markdown, on a '
+    "forge, each `::: name` line stands for the reference of that name."
+)
+
+
+@pytest.mark.parametrize("page", REFERENCE, ids=[p.name for p in REFERENCE])
+def test_a_reference_page_says_first_that_it_is_generated_and_how(page: Path) -> None:
+    """Read on a forge, a reference page is its ``:::`` directives: it says so at its top."""
+    heading, _, rest = page.read_text().partition("\n\n")
+    assert heading.startswith("# `"), page
+    assert ":::" in rest
+    note = rest.split("\n\n", 1)[0]
+    assert " ".join(line.removeprefix("> ") for line in note.splitlines()) == GENERATED
+
+
 def test_relative_links_point_at_pages() -> None:
     for page in DOCS.rglob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text()):
