@@ -202,6 +202,10 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error("give a topic (as an argument or as --topic)")
         if not args.nsqd_tcp_address and not args.lookupd_http_address:
             parser.error("give --nsqd-tcp-address or --lookupd-http-address")
+    if args.command == "worker":
+        from ._worker import check_worker_usage
+
+        check_worker_usage(parser, args)
     if args.command == "serve":
         ports = [p for p in (args.tcp_port, args.http_port, args.lookupd_http_port) if p]
         if len(set(ports)) != len(ports):
@@ -954,7 +958,11 @@ def _parser(
         "--topic", type=_topic_name, default="demo", help="the topic (default: %(default)s)"
     )
     _backend(demo)
-    return parser, {"serve": serve, "pub": pub, "tail": tail, "stats": stats, "demo": demo}
+    from ._worker import add_worker_parser
+
+    worker = add_worker_parser(sub, extra)
+    commands = {"serve": serve, "pub": pub, "tail": tail, "stats": stats, "demo": demo}
+    return parser, {**commands, "worker": worker}
 
 
 def _topic_arguments(parser: argparse.ArgumentParser, tool: str) -> None:
@@ -974,6 +982,10 @@ def _run(args: argparse.Namespace) -> int:
         # stopped by Ctrl-C even when started with SIGINT ignored, as the other commands are
         signal.signal(signal.SIGINT, signal.default_int_handler)
         return _stats(args)
+    if args.command == "worker":
+        from ._worker import run_worker
+
+        return run_worker(args)
     runner = {"serve": _serve, "pub": _pub, "tail": _tail, "demo": _demo}[args.command]
     result: int = anyio.run(_until_signal, runner, args, backend=args.backend)
     return result

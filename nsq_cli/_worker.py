@@ -1,0 +1,634 @@
+"""``worker``: run an application's handler on a topic/channel as a service.
+
+``nsq-sansio worker package.module:handler --topic T --channel C --lookupd-http-address ...``
+loads the handler (an async function, or a plain function run in worker threads), builds the
+consumer (:class:`nsq_anyio.Consumer`) from flags and environment variables (flags win), logs
+the effective configuration once, and runs ``consumer.run(handler, concurrency)`` until
+stopped:
+
+- SIGTERM or SIGINT stops gracefully: nothing new is taken, the handlers in progress finish
+  and answer their messages (within ``--stop-timeout``; what is still unanswered then goes
+  back to nsqd), exit status 0;
+- a second signal stops at once: the messages held are requeued, exit status 128 + the
+  signal's number (130 for SIGINT, 143 for SIGTERM);
+- a handler that cannot be imported, or that is not callable, is one ``error:`` line and exit
+  status 2, before any connection is made; so is a bad value of an environment variable.
+
+The worker keeps its state in a :class:`WorkerState` (phase, connections, counters), which it
+logs as a one-line summary every ``--stats-interval`` seconds on the ``nsq.worker`` logger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import inspect
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from nsq_anyio import Consumer, Message
+
+from ._cli import _address, _channel_name, _count, _seconds, _tls, _topic_name
+
+__all__ = ["WorkerState", "add_worker_parser", "check_worker_usage", "run_worker"]
+
+log = logging.getLogger("nsq.worker")
+
+#: the format of the worker's log lines (on stderr)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: how long a stop at once (the second signal) may take before the process ends regardless
+_HARD_STOP_BACKSTOP = 10.0
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (1/0, true/false, yes/no, on/off)")
+
+
+def _non_negative_seconds(text: str) -> float:
+    """A finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds of 0 or more")
+    return value
+
+
+def _attempts(text: str) -> int:
+    """A whole number of 0 (no limit) or more."""
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 (no limit) or more")
+    return int(text)
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of DEBUG, INFO, WARNING, ERROR")
+    return level
+
+
+def _backend_name(text: str) -> str:
+    if text not in ("asyncio", "trio"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not asyncio or trio")
+    return text
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One setting: its flag, its environment variable, how a value is read, its default."""
+
+    flag: str
+    env: str
+    kind: Callable[[str], Any]
+    help: str
+    default: Any = None
+    metavar: str | None = None
+    #: several values: the flag repeated, or the variable comma-separated
+    many: bool = False
+    #: a boolean: --flag / --no-flag
+    boolean: bool = False
+    #: masked in the configuration line
+    secret: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+#: every setting of the worker, in the order of the help and of the configuration line
+OPTIONS: tuple[_Option, ...] = (
+    _Option("--topic", "NSQ_TOPIC", _topic_name, "the topic", metavar="TOPIC"),
+    _Option("--channel", "NSQ_CHANNEL", _channel_name, "the channel", metavar="CHANNEL"),
+    _Option(
+        "--nsqd-tcp-address",
+        "NSQD_TCP_ADDRESSES",
+        _address,
+        "nsqd TCP address (repeatable)",
+        metavar="HOST:PORT",
+        many=True,
+    ),
+    _Option(
+        "--lookupd-http-address",
+        "NSQ_LOOKUPD_HTTP_ADDRESSES",
+        _address,
+        "nsqlookupd HTTP address (repeatable)",
+        metavar="HOST:PORT",
+        many=True,
+    ),
+    _Option(
+        "--concurrency",
+        "NSQ_CONCURRENCY",
+        _count,
+        "handlers running at once (tasks for an async handler, threads for a plain one)",
+        default=10,
+        metavar="N",
+    ),
+    _Option(
+        "--max-in-flight",
+        "NSQ_MAX_IN_FLIGHT",
+        _count,
+        "messages nsqd may send before they are answered (default: the concurrency)",
+        metavar="N",
+    ),
+    _Option(
+        "--stop-timeout",
+        "NSQ_STOP_TIMEOUT",
+        _seconds,
+        "seconds a stop waits for the handlers in progress",
+        default=30.0,
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--stats-interval",
+        "NSQ_STATS_INTERVAL",
+        _seconds,
+        "seconds between two summary lines",
+        default=60.0,
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--max-attempts",
+        "NSQ_MAX_ATTEMPTS",
+        _attempts,
+        "deliveries of a message before it is given up, 0 for no limit (default: 5)",
+        metavar="N",
+    ),
+    _Option(
+        "--default-requeue-delay",
+        "NSQ_DEFAULT_REQUEUE_DELAY",
+        _non_negative_seconds,
+        "seconds before a failed message comes again, times its attempts (default: 90)",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--max-requeue-delay",
+        "NSQ_MAX_REQUEUE_DELAY",
+        _non_negative_seconds,
+        "the longest requeue delay, in seconds (default: 900)",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--backoff",
+        "NSQ_BACKOFF",
+        _boolean,
+        "slow down after failures (default: on)",
+        boolean=True,
+    ),
+    _Option(
+        "--max-backoff-duration",
+        "NSQ_MAX_BACKOFF_DURATION",
+        _non_negative_seconds,
+        "the longest backoff, in seconds (default: 120)",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--msg-timeout",
+        "NSQ_MSG_TIMEOUT",
+        _seconds,
+        "seconds nsqd waits for an answer before it delivers again (default: nsqd's)",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--client-id",
+        "NSQ_CLIENT_ID",
+        str,
+        "the client id nsqd shows (default: the host's short name)",
+        metavar="ID",
+    ),
+    _Option("--tls", "NSQ_TLS", _boolean, "negotiate TLS", boolean=True),
+    _Option("--tls-ca", "NSQ_TLS_CA", str, "CA bundle to verify nsqd with", metavar="FILE"),
+    _Option(
+        "--tls-insecure",
+        "NSQ_TLS_INSECURE",
+        _boolean,
+        "do not verify nsqd's certificate",
+        boolean=True,
+    ),
+    _Option("--snappy", "NSQ_SNAPPY", _boolean, "snappy compression", boolean=True),
+    _Option("--deflate", "NSQ_DEFLATE", _boolean, "deflate compression", boolean=True),
+    _Option("--auth-secret", "NSQ_AUTH_SECRET", str, "AUTH secret", metavar="SECRET", secret=True),
+    _Option(
+        "--log-level",
+        "NSQ_LOG_LEVEL",
+        _log_level,
+        "DEBUG, INFO, WARNING or ERROR",
+        default="INFO",
+        metavar="LEVEL",
+    ),
+    _Option(
+        "--backend",
+        "NSQ_BACKEND",
+        _backend_name,
+        "event loop: asyncio or trio",
+        default="asyncio",
+        metavar="NAME",
+    ),
+)
+
+#: the settings that are consumer options of the same name
+_CONSUMER_OPTIONS = (
+    "max_attempts",
+    "default_requeue_delay",
+    "max_requeue_delay",
+    "backoff",
+    "max_backoff_duration",
+    "msg_timeout",
+    "client_id",
+    "snappy",
+    "deflate",
+)
+
+WORKER_EPILOG = """\
+environment:
+  Each option can also come from the environment variable named in its help
+  (lists comma-separated); a flag wins over its variable.
+
+stopping:
+  SIGTERM or SIGINT stops gracefully: nothing new is taken, the handlers in
+  progress finish and answer their messages (within --stop-timeout), exit
+  status 0. A second signal stops at once: the messages held are requeued,
+  exit status 130 (SIGINT) or 143 (SIGTERM). A handler that cannot be
+  imported or is not callable is one error line and exit status 2.
+"""
+
+
+def add_worker_parser(sub: Any, extra: Mapping[str, Any]) -> argparse.ArgumentParser:
+    """Add the ``worker`` subcommand to ``sub`` (the subparsers of the command line)."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "worker",
+        help="run a handler (package.module:function) on a topic/channel as a service",
+        epilog=WORKER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **extra,
+    )
+    parser.add_argument(
+        "handler",
+        metavar="MODULE:FUNCTION",
+        help="the handler: an async function, or a plain one run in threads",
+    )
+    for option in OPTIONS:
+        default = (
+            ""
+            if option.default is None
+            else f"; default: {option.default:g}"
+            if isinstance(option.default, float)
+            else f"; default: {option.default}"
+        )
+        text = f"{option.help} (env {option.env}{default})"
+        if option.boolean:
+            parser.add_argument(
+                option.flag, action=argparse.BooleanOptionalAction, default=None, help=text
+            )
+        elif option.many:
+            parser.add_argument(
+                option.flag,
+                action="append",
+                default=None,
+                type=option.kind,
+                metavar=option.metavar,
+                help=text,
+            )
+        else:
+            parser.add_argument(
+                option.flag, default=None, type=option.kind, metavar=option.metavar, help=text
+            )
+    return parser
+
+
+def check_worker_usage(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Fill each setting not given as a flag from its environment variable, then its default;
+    a bad variable, or no topic, channel or address, is a usage error."""
+    env = os.environ if environ is None else environ
+    args.worker_prog = parser.prog
+    for option in OPTIONS:
+        if getattr(args, option.dest) is not None:
+            continue
+        text = env.get(option.env)
+        value: Any = option.default
+        if text is not None and (text.strip() or option.boolean):
+            try:
+                if option.many:
+                    value = [option.kind(part.strip()) for part in text.split(",") if part.strip()]
+                else:
+                    value = option.kind(text.strip() if option.kind is not str else text)
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"{option.env}: {exc}")
+        elif option.many:
+            value = []
+        setattr(args, option.dest, value)
+    if not args.topic:
+        parser.error("give the topic: --topic or NSQ_TOPIC")
+    if not args.channel:
+        parser.error("give the channel: --channel or NSQ_CHANNEL")
+    if not args.nsqd_tcp_address and not args.lookupd_http_address:
+        parser.error(
+            "give --nsqd-tcp-address or --lookupd-http-address "
+            "(or NSQD_TCP_ADDRESSES or NSQ_LOOKUPD_HTTP_ADDRESSES)"
+        )
+    if args.max_in_flight is None:
+        args.max_in_flight = args.concurrency
+
+
+# -- the handler --------------------------------------------------------------------------------
+
+
+class HandlerError(Exception):
+    """The handler cannot be loaded: one ``error:`` line, exit status 2."""
+
+
+def _is_async(handler: object) -> bool:
+    """An ``async def`` function, an object whose ``__call__`` is one, or a partial of either."""
+    target = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.iscoroutinefunction(target):
+        return True
+    return inspect.iscoroutinefunction(getattr(type(target), "__call__", None))  # noqa: B004
+
+
+def load_handler(spec: str) -> Callable[[Message], Any]:
+    """The object ``spec`` (``package.module:name``, the name may be dotted) names; a
+    :class:`HandlerError` saying why it cannot be used."""
+    module_name, colon, name = spec.partition(":")
+    if not colon or not module_name or not name:
+        raise HandlerError(f"handler {spec!r} is not MODULE:FUNCTION (e.g. myapp.handlers:handle)")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as python -m does: the application's own modules
+    try:
+        target: Any = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:  # whatever the module raised while imported
+        what = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        raise HandlerError(f"cannot import handler module {module_name!r}: {what}") from None
+    for part in name.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise HandlerError(f"module {module_name!r} has no attribute {name!r}") from None
+    if not callable(target):
+        raise HandlerError(
+            f"handler {spec!r} is not callable (it is of type {type(target).__name__})"
+        )
+    handler: Callable[[Message], Any] = target
+    return handler
+
+
+def _in_threads(
+    function: Callable[[Message], Any], limiter: anyio.CapacityLimiter
+) -> Callable[[Message], Awaitable[None]]:
+    """A plain handler run in a worker thread, at most ``limiter``'s number at once; a stop
+    at once does not wait for the thread (its message is requeued)."""
+
+    async def handle(message: Message) -> None:
+        await anyio.to_thread.run_sync(function, message, limiter=limiter, abandon_on_cancel=True)
+
+    return handle
+
+
+# -- the state ----------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerState:
+    """What the worker is doing, for its summary lines (and for probes and metrics)."""
+
+    #: starting, running, stopping, stopped
+    phase: str = "starting"
+    #: the signal that started the stop (None before)
+    stopped_by: int | None = None
+    #: connections open, and subscribed
+    connected: int = 0
+    subscribed: int = 0
+    #: the consumer's counters
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    given_up: int = 0
+    in_flight: int = 0
+    backoff_level: int = 0
+    #: handlers running now
+    handling: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase in ("stopping", "stopped")
+
+    def update(self, consumer: Consumer) -> None:
+        stats = consumer.stats()
+        self.received = stats["messages_received"]
+        self.finished = stats["messages_finished"]
+        self.requeued = stats["messages_requeued"]
+        self.given_up = stats["messages_given_up"]
+        self.backoff_level = stats["backoff_level"]
+        connections = stats["connections"]
+        self.in_flight = sum(c["in_flight"] for c in connections)
+        self.connected = sum(1 for c in connections if c["state"] not in ("INIT", "CLOSED"))
+        self.subscribed = sum(1 for c in connections if c["state"] == "SUBSCRIBED")
+
+
+def _summary(state: WorkerState, previous: int, seconds: float) -> str:
+    rate = (state.received - previous) / seconds if seconds > 0 else 0.0
+    return (
+        f"received {state.received}, finished {state.finished}, requeued {state.requeued}, "
+        f"given up {state.given_up}, {rate:.1f} msgs/s, in flight {state.in_flight}, "
+        f"handling {state.handling}, backoff level {state.backoff_level}, "
+        f"connections {state.subscribed} subscribed of {state.connected}"
+    )
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def _configuration(args: argparse.Namespace, consumer: Consumer, kind: str) -> str:
+    """The effective configuration, one line, secrets masked: the consumer's own values for
+    the options left to their defaults."""
+    parts = [f"handler={args.handler} ({kind})"]
+    for option in OPTIONS:
+        value = getattr(args, option.dest)
+        if value is None and option.dest in _CONSUMER_OPTIONS:
+            value = getattr(consumer.config, option.dest)
+        if option.secret and value:
+            shown = "***"
+        elif option.many:
+            shown = ",".join(value) or "-"
+        elif value is None:
+            shown = "False" if option.boolean else "-"
+        elif isinstance(value, float):
+            shown = f"{value:g}"
+        else:
+            shown = str(value)
+        parts.append(f"{option.dest}={shown}")
+    return "worker starting: " + " ".join(parts)
+
+
+def _consumer_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "nsqd_tcp_addresses": args.nsqd_tcp_address,
+        "lookupd_http_addresses": args.lookupd_http_address,
+        "tls": _tls(args),
+        "max_in_flight": args.max_in_flight,
+        "stop_timeout": args.stop_timeout,
+    }
+    for name in _CONSUMER_OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            options[name] = value
+    if args.auth_secret:
+        options["auth_secret"] = args.auth_secret.encode()
+    return options
+
+
+class _Worker:
+    def __init__(self, args: argparse.Namespace, handler: Callable[[Message], Any]) -> None:
+        self.args = args
+        self.state = WorkerState()
+        self.function = handler
+
+    async def main(self) -> int:
+        if _is_async(self.function):
+            inner: Callable[[Message], Awaitable[None]] = self.function
+        else:
+            inner = _in_threads(self.function, anyio.CapacityLimiter(self.args.concurrency))
+        self.handler = self._counted(inner)
+        self.graceful = anyio.Event()
+        #: cancelled by a second signal: everything stops at once
+        self.hard = anyio.CancelScope()
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(self.watch_signals)
+            with self.hard:
+                await self._consume()
+            outer.cancel_scope.cancel()
+        self.state.phase = "stopped"
+        signum = self.state.stopped_by
+        if self.hard.cancel_called and signum is not None:
+            return 128 + signum
+        return 0
+
+    def _counted(
+        self, handler: Callable[[Message], Awaitable[None]]
+    ) -> Callable[[Message], Awaitable[None]]:
+        state = self.state
+
+        async def handle(message: Message) -> None:
+            state.handling += 1
+            try:
+                await handler(message)
+            finally:
+                state.handling -= 1
+
+        return handle
+
+    async def watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if self.state.stopped_by is None:
+                    self.state.stopped_by = signum
+                    self.state.phase = "stopping"
+                    log.info(
+                        "%s: stopping gracefully: taking nothing new, waiting up to %g s for "
+                        "%d handlers in progress (a second signal stops at once)",
+                        name,
+                        self.args.stop_timeout,
+                        self.state.handling,
+                    )
+                    self.graceful.set()
+                else:
+                    self.state.stopped_by = signum
+                    log.warning("%s again: stopping at once, requeueing the messages held", name)
+                    self.hard.cancel()
+                    threading.Thread(target=self._backstop, args=(signum,), daemon=True).start()
+
+    def _backstop(self, signum: int) -> None:
+        """Ends the process if the stop at once has not ended it in time."""
+        time.sleep(_HARD_STOP_BACKSTOP)
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    async def report(self, consumer: Consumer) -> None:
+        interval = self.args.stats_interval
+        previous, then = 0, time.monotonic()
+        while True:
+            await anyio.sleep(interval)
+            self.state.update(consumer)
+            now = time.monotonic()
+            log.info("%s", _summary(self.state, previous, now - then))
+            previous, then = self.state.received, now
+
+    async def _consume(self) -> None:
+        args = self.args
+        consumer = Consumer(args.topic, args.channel, **_consumer_options(args))
+        kind = "async" if _is_async(self.function) else "plain, run in threads"
+        log.info("%s", _configuration(args, consumer, kind))
+        start = time.monotonic()
+        try:
+            async with consumer:
+                self.state.phase = "running" if not self.graceful.is_set() else "stopping"
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.report, consumer)
+                    tg.start_soon(consumer.run, self.handler, args.concurrency)
+                    await self.graceful.wait()
+                    # nothing new; the handlers in progress answer (up to stop_timeout)
+                    await consumer.stop()
+                    if self.state.handling:
+                        log.warning(
+                            "%d handlers still running after --stop-timeout: their messages "
+                            "were requeued",
+                            self.state.handling,
+                        )
+                    tg.cancel_scope.cancel()
+        finally:
+            self.state.update(consumer)
+            seconds = max(time.monotonic() - start, 1e-9)
+            log.info("worker stopped: %s", _summary(self.state, 0, seconds))
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Load the handler (exit status 2 when it cannot be), log the configuration, and run until
+    stopped (exit status 0, or 130/143 after a second signal)."""
+    try:
+        handler = load_handler(args.handler)
+    except HandlerError as exc:
+        print(f"{args.worker_prog}: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, force=True)
+    worker = _Worker(args, handler)
+    code: int = anyio.run(worker.main, backend=args.backend)
+    # a plain handler still running in a thread after a stop at once is not waited for
+    if code and any(
+        t.is_alive() and not t.daemon and t is not threading.main_thread()
+        for t in threading.enumerate()
+    ):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
