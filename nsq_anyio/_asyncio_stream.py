@@ -13,7 +13,10 @@ through ``loop.start_tls``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import ssl
+import struct
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TypeVar
@@ -49,6 +52,8 @@ class _Protocol(asyncio.Protocol):
         self.chunks: list[bytes] = []
         self.buffered = 0
         self.eof = False
+        #: the transport is gone (closed, aborted or failed): nothing more can be written
+        self.lost = False
         self.error: BaseException | None = None
         self.reading_paused = False
         self._read_waiter: asyncio.Future[None] | None = None
@@ -82,6 +87,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
+        self.lost = True
         if exc is not None:
             self.error = exc
         self._wake_reader()
@@ -119,7 +125,7 @@ class _Protocol(asyncio.Protocol):
             self._read_waiter = None
 
     async def drain(self) -> None:
-        while self._write_paused and self.error is None:
+        while self._write_paused and self.error is None and not self.lost:
             waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
             try:
                 await waiter
@@ -151,6 +157,8 @@ class AsyncioStream:
             await protocol.drain()
             if protocol.error is not None:
                 raise ConnectionResetError(f"the connection was lost: {protocol.error}")
+            if protocol.lost:
+                raise ConnectionResetError("the connection was closed before the write")
 
     def send_nowait(self, data: bytes) -> bool:
         """Write ``data`` now unless the transport's buffer is above its high-water mark
@@ -216,6 +224,15 @@ class AsyncioStream:
             # standard_compatible=False): the socket closes now, not when the loop gets to it
             self._raw.close()
 
+    async def abort(self) -> None:
+        """Close now (:class:`nsq_client.AbortStream`): what was not sent is dropped and the
+        connection reset; a write waiting for room fails."""
+        tcp = self._raw if self._raw is not None else self._transport
+        _no_linger(tcp.get_extra_info("socket"))
+        self._transport.abort()
+        if self._raw is not None:
+            self._raw.abort()
+
     async def start_tls(self, ssl_context: ssl.SSLContext, hostname: str | None) -> AsyncioStream:
         """The TLS client handshake; the stream to use afterwards."""
         loop = asyncio.get_running_loop()
@@ -230,6 +247,15 @@ class AsyncioStream:
         assert isinstance(upgraded, asyncio.Transport)
         protocol.transport = upgraded
         return AsyncioStream(upgraded, protocol, raw=self._transport)
+
+
+def _no_linger(sock: object) -> None:
+    """Make closing ``sock`` reset its connection at once (``SO_LINGER`` 0), dropping what
+    the kernel still holds to send."""
+    setsockopt = getattr(sock, "setsockopt", None)
+    if setsockopt is not None:
+        with contextlib.suppress(OSError):  # closed already
+            setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 async def connect(host: str, port: int) -> AsyncioStream:

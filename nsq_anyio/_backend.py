@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +50,14 @@ class AnyioStream:
 
     async def aclose(self) -> None:
         await self.raw.aclose()
+
+    async def abort(self) -> None:
+        """Close now (:class:`nsq_client.AbortStream`): the socket is reset, what was not
+        sent dropped (a TLS stream's close_notify too)."""
+        with contextlib.suppress(OSError, anyio.TypedAttributeLookupError):  # closed, not TCP
+            raw = self.raw.extra(anyio.abc.SocketAttribute.raw_socket)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await self.raw.aclose()  # without waiting for the peer (TLS: standard_compatible=False)
 
 
 class AnyioBackend(BackendBase):

@@ -14,6 +14,7 @@ as ``backend=``:
             await message.finish()
 """
 
+from ._backend import AbortStream as AbortStream
 from ._backend import Backend as Backend
 from ._backend import BackendBase as BackendBase
 from ._backend import EventLike as EventLike
@@ -41,6 +42,7 @@ from ._stats import ProducerConnectionStats as ProducerConnectionStats
 from ._stats import ProducerStats as ProducerStats
 
 __all__ = [
+    "AbortStream",
     "Backend",
     "BackendBase",
     "ConnectionOptions",

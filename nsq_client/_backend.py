@@ -22,6 +22,7 @@ __all__ = [
     "EventLike",
     "ScopeLike",
     "Stream",
+    "AbortStream",
     "NowaitStream",
     "PushStream",
     "TaskGroupContext",
@@ -43,6 +44,20 @@ class Stream(Protocol):
     async def aclose(self) -> None:
         """Close the stream (a TLS stream closes its socket at once, without waiting for
         the peer's close_notify)."""
+        ...
+
+
+class AbortStream(Stream, Protocol):
+    """A stream that can also be closed at once, whatever the peer does.
+
+    The client aborts a connection judged dead (nothing received within the read timeout,
+    the handshake or a write not done in time) rather than closing it: a close could wait
+    on the peer (for buffered bytes to drain, a TLS close_notify to go out) and keep the
+    socket open meanwhile."""
+
+    async def abort(self) -> None:
+        """Close now: drop what was not sent and reset the connection (``SO_LINGER`` 0);
+        a write waiting on the peer fails."""
         ...
 
 

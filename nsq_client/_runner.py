@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, NSQError, Send, StartTLS
 
-from ._backend import Backend, EventLike, PushStream, ScopeLike, Stream, TaskGroupLike
+from ._backend import AbortStream, Backend, EventLike, PushStream, ScopeLike, Stream, TaskGroupLike
 
 __all__ = ["CoreRunner", "TransportError"]
 
@@ -64,23 +64,25 @@ class _Writer:
     """Writes a connection's bytes in the order the core gave them, one write at a time.
 
     :meth:`offer` takes each ``Send`` without waiting: a stream with room
-    (:class:`NowaitStream`) takes it at once; bytes that cannot go yet (before the
-    connection is made, during a TLS upgrade, behind a write under way) wait in
-    ``pending``; otherwise the caller gets the write turn and runs :meth:`write`, which waits
-    for room.  A write the peer refused is kept in ``error`` for the reader to report (the
+    (:class:`NowaitStream`) takes it at once; bytes that cannot go yet wait, in
+    ``held_back`` before the connection is made and during a TLS upgrade (they go on the
+    stream that comes next), in ``pending`` behind a write under way; otherwise the caller
+    gets the write turn and runs :meth:`write`, which waits for room.  A write the peer refused is kept in ``error`` for the reader to report (the
     peer's last words, often the error that made it close, are read first); a write slower
-    than ``write_timeout`` closes the connection at once.
+    than ``write_timeout`` aborts the connection at once.
     """
 
-    __slots__ = ("_link", "_nowait", "_runner", "busy", "error", "held", "pending")
+    __slots__ = ("_link", "_nowait", "_runner", "busy", "error", "held", "held_back", "pending")
 
     def __init__(self, runner: CoreRunner, link: _Link) -> None:
         self._runner = runner
         self._link = link
         #: the stream's ``send_nowait``, when it has one (see :class:`NowaitStream`)
         self._nowait: Callable[[bytes], bool] | None = None
-        #: bytes waiting for the stream to be ready or for the write under way
+        #: bytes waiting for the write under way
         self.pending: list[bytes] = []
+        #: bytes waiting for the stream to be ready (connected, or upgraded to TLS)
+        self.held_back: list[bytes] = []
         #: set while a write is under way (the write turn): set once it is done
         self.busy: EventLike | None = None
         #: True until connected and while a TLS upgrade is under way: bytes wait
@@ -96,8 +98,13 @@ class _Writer:
         must run :meth:`write` (now, or in a task of its own)."""
         if self._link.closed or self.error is not None:
             return True
-        if self.held or self.busy is not None:
-            self.pending.append(data)  # written once ready, or by the write under way
+        if self.held:
+            # for the stream that comes next: after a write under way, whose bytes (queued
+            # before the StartTLS) go on the stream before it
+            self.held_back.append(data)
+            return True
+        if self.busy is not None:
+            self.pending.append(data)  # written by the write under way
             return True
         nowait = self._nowait
         if nowait is not None:
@@ -115,9 +122,8 @@ class _Writer:
         return False
 
     async def write(self) -> None:
-        """Write what is pending, then what queued meanwhile, until none is left (or a TLS
-        upgrade holds it back); the caller has the write turn (``busy``), given back (and
-        set) once done."""
+        """Write what is pending, then what queued meanwhile, until none is left; the caller
+        has the write turn (``busy``), given back (and set) once done."""
         done = self.busy
         link = self._link
         stream = link.stream
@@ -139,13 +145,14 @@ class _Writer:
                     raise TransportError(
                         f"writing to {link.host}:{link.port} took over {timeout} s"
                     )
-                if not pending or self.held:
+                if not pending:
                     break
         except runner._write_failures as exc:
             self.busy = None
             done.set()
             if isinstance(exc, TransportError):
-                await runner._lost(link, exc)  # too slow: the peer may be frozen, close now
+                # too slow: the peer may be frozen or gone, close now without waiting on it
+                await runner._lost(link, exc, abort=True)
             else:
                 # the peer closed or reset: its last words (an error frame) may be unread
                 # yet; the reader reaches the end of the stream at once and reports this
@@ -159,6 +166,8 @@ class _Writer:
         on, what was held back first."""
         self._nowait = getattr(self._link.stream, "send_nowait", None)
         self.held = False
+        self.pending.extend(self.held_back)
+        self.held_back.clear()
         if self.pending and self.busy is None:
             self.busy = self._runner.backend.event()
             await self.write()
@@ -440,7 +449,9 @@ class CoreRunner:
             self._wake = backend.event()
             self._woken = False
             core.handle_timer(self._clock())  # an early call does nothing
-            await self.flush()
+            # a write that must wait (and a close) goes on in a task of its own: the pump
+            # never waits on a peer, so the core's timers fire on time whatever one does
+            self._carry_out(task_group)
             if self._wake.is_set():
                 continue
             deadline = core.next_deadline()
@@ -478,12 +489,13 @@ class CoreRunner:
         return that wait (the caller awaits it, then calls again); None once there are no
         more.  Every output is carried out here, whoever calls:
 
-        - ``spawn`` None: from a task (the pump task, or a call into the core that drains
-          at once).  With ``wait``, bytes handed to a write already under way on their
-          connection (another task's) are waited for until written.
+        - ``spawn`` None: from a task (a call into the core that drains at once, a flush).
+          With ``wait``, bytes handed to a write already under way on their connection
+          (another task's) are waited for until written.
         - ``spawn`` a task group: from a callback of the loop (a pushed read), which cannot
-          wait: a write that must wait and a close go on in tasks of that group (later bytes
-          queue behind the write), and None is returned at the end.
+          wait, or from the pump task, which must not (the core's timers wait on it): a
+          write that must wait and a close go on in tasks of that group (later bytes queue
+          behind the write), and None is returned at the end.
         """
         core = self.core
         on_event = self._on_event
@@ -511,8 +523,8 @@ class CoreRunner:
                 closing = links.pop(out.conn_id, None)
                 if closing is not None:
                     if spawn is None:
-                        return self._shut(closing)
-                    spawn.start_soon(self._shut, closing)
+                        return self._shut(closing, out.abort)
+                    spawn.start_soon(self._shut, closing, out.abort)
             elif isinstance(out, HttpRequest):
                 assert self._tg is not None
                 self._tg.start_soon(self._http, out)
@@ -568,10 +580,13 @@ class CoreRunner:
         self.wake()
         await link.reader.run()
 
-    async def _shut(self, link: _Link) -> None:
+    async def _shut(self, link: _Link, abort: bool = False) -> None:
+        """Close the link's stream: after the write under way, or with ``abort`` (the peer
+        is judged dead) at once, dropping what was not sent (:class:`AbortStream`; a
+        stream without ``abort`` is closed)."""
         backend = self.backend
         busy = link.writer.busy
-        if busy is not None and not link.closed:
+        if busy is not None and not link.closed and not abort:
             # let the write under way (and what queued behind it) finish first
             with backend.cancel_scope(
                 deadline=backend.current_time() + self._write_timeout, shield=True
@@ -579,16 +594,21 @@ class CoreRunner:
                 await busy.wait()
         link.closed = True
         link.reader.stop()
-        if link.stream is not None:
+        stream = link.stream
+        if stream is not None:
             with backend.cancel_scope(deadline=backend.current_time() + 1.0, shield=True):
                 with suppress(*backend.io_errors):
-                    await link.stream.aclose()
+                    if abort and hasattr(stream, "abort"):
+                        # a write waiting on the peer fails now, and gives its turn back
+                        await cast(AbortStream, stream).abort()
+                    else:
+                        await stream.aclose()
 
-    async def _lost(self, link: _Link, error: BaseException | None) -> None:
+    async def _lost(self, link: _Link, error: BaseException | None, abort: bool = False) -> None:
         if link.closed:
             return
         self._links.pop(link.conn_id, None)
-        await self._shut(link)
+        await self._shut(link, abort)
         self.core.connection_lost(link.conn_id, self.backend.current_time(), error)
         self.wake()
 

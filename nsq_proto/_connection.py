@@ -231,13 +231,16 @@ class Connection:
                     f"(stuck in {self.state.value})"
                 ),
                 "handshake timeout",
+                abort=True,
             )
             return
         deadline = self._read_deadline
         if deadline is not None and now >= deadline and self.state is not ConnectionState.CLOSED:
             timeout = self.config.effective_read_timeout
             self._end_on_error(
-                ReadTimeout(f"nothing received from nsqd for {timeout} s"), "read timeout"
+                ReadTimeout(f"nothing received from nsqd for {timeout} s"),
+                "read timeout",
+                abort=True,
             )
 
     def _touch_read_deadline(self, now: float) -> None:
@@ -543,15 +546,18 @@ class Connection:
 
     # ------------------------------------------------------------------ closing
 
-    def _end_on_error(self, error: NSQError, reason: str) -> None:
-        """End the connection because of ``error`` (Close, then ConnectionClosed)."""
+    def _end_on_error(self, error: NSQError, reason: str, *, abort: bool = False) -> None:
+        """End the connection because of ``error`` (Close, then ConnectionClosed); ``abort``:
+        the peer is judged dead, its transport is closed at once."""
         if self.state is ConnectionState.CLOSED:
             return
-        self._end(reason, error, send_close=True)
+        self._end(reason, error, send_close=True, abort=abort)
 
-    def _end(self, reason: str, error: NSQError | None, *, send_close: bool) -> None:
-        """The connection is over: pending publishes fail, ``Close`` (when ``send_close``)
-        and ``ConnectionClosed`` are emitted."""
+    def _end(
+        self, reason: str, error: NSQError | None, *, send_close: bool, abort: bool = False
+    ) -> None:
+        """The connection is over: pending publishes fail, ``Close`` (when ``send_close``;
+        with ``abort``) and ``ConnectionClosed`` are emitted."""
         after_close_wait = self.state is ConnectionState.CLOSE_WAIT and error is None
         connected = self.state is not ConnectionState.INIT
         self._move(Trigger.ENDED)
@@ -571,7 +577,7 @@ class Connection:
                 self._emit(PublishFailed(self.conn_id, request_id, failure))
             first = False
         if send_close:
-            self._emit(Close(self.conn_id, reason))
+            self._emit(Close(self.conn_id, reason, abort))
         self._emit(ConnectionClosed(self.conn_id, reason, error, after_close_wait, connected))
 
     def close(self, reason: str = "closed by the application") -> None:

@@ -37,10 +37,15 @@ class StartTLS(Action):
 
 @dataclass(frozen=True, slots=True)
 class Close(Action):
-    """Close the transport of this connection."""
+    """Close the transport of this connection.
+
+    ``abort`` is True when the peer is judged dead (nothing received within the read
+    timeout, the handshake not done in time): close at once, dropping what was not sent
+    (``SO_LINGER`` 0: a reset), without waiting for a write under way or for the peer."""
 
     conn_id: ConnId
     reason: str
+    abort: bool = False
 
 
 @dataclass(frozen=True, slots=True)

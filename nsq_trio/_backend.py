@@ -3,7 +3,10 @@ clock (so ``trio.testing.MockClock`` drives every timer)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +34,19 @@ class TrioStream:
 
     async def aclose(self) -> None:
         await self.raw.aclose()
+
+    async def abort(self) -> None:
+        """Close now (:class:`nsq_client.AbortStream`): the socket is reset and closed, what
+        was not sent dropped; a TLS stream sends no close_notify (it could wait on the peer),
+        its socket is closed below it."""
+        raw = self.raw
+        transport = raw.transport_stream if isinstance(raw, trio.SSLStream) else raw
+        if not isinstance(transport, trio.SocketStream):
+            await raw.aclose()
+            return
+        with contextlib.suppress(OSError):  # closed already
+            transport.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await transport.aclose()
 
 
 class TrioBackend(BackendBase):

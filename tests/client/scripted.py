@@ -17,6 +17,9 @@ Three kinds of stream, the three ways the runner writes and reads:
   what arrives while it pushes is handed to the client at once, from the caller of
   :meth:`~ScriptedStream.feed` (as asyncio's ``data_received`` does, outside any task of the
   client).
+
+Every kind can also be aborted (``abort``, :class:`nsq_client.AbortStream`), which a write
+waiting on the peer sees fail at once.
 """
 
 from __future__ import annotations
@@ -210,6 +213,15 @@ class ScriptedStream:
     async def aclose(self) -> None:
         self.closed = True
         self.backend.log.append(("close", self.address, b""))
+        self._arrived.set()
+
+    async def abort(self) -> None:
+        """Close at once (:class:`nsq_client.AbortStream`): a write under way fails."""
+        self.closed = True
+        self.backend.log.append(("abort", self.address, b""))
+        self.send_error = ConnectionResetError("aborted")
+        if self.send_gate is not None:
+            self.send_gate.set()
         self._arrived.set()
 
 
