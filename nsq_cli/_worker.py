@@ -519,16 +519,17 @@ class _Worker:
             inner = _in_threads(self.function, anyio.CapacityLimiter(self.args.concurrency))
         self.handler = self._counted(inner)
         self.graceful = anyio.Event()
-        #: cancelled by a second signal: everything stops at once
-        self.hard = anyio.CancelScope()
+        #: a second signal came: the handlers in progress are cancelled
+        self.at_once = False
+        #: the scope of the handlers (cancelled by a second signal)
+        self.handlers = anyio.CancelScope()
         async with anyio.create_task_group() as outer:
             outer.start_soon(self.watch_signals)
-            with self.hard:
-                await self._consume()
+            await self._consume()
             outer.cancel_scope.cancel()
         self.state.phase = "stopped"
         signum = self.state.stopped_by
-        if self.hard.cancel_called and signum is not None:
+        if self.at_once and signum is not None:
             return 128 + signum
         return 0
 
@@ -564,7 +565,11 @@ class _Worker:
                 else:
                     self.state.stopped_by = signum
                     log.warning("%s again: stopping at once, requeueing the messages held", name)
-                    self.hard.cancel()
+                    # the handlers in progress are cancelled and their messages requeued
+                    # (the consumer's stop then ends at once); the connections stay up to
+                    # carry the REQs
+                    self.at_once = True
+                    self.handlers.cancel()
                     threading.Thread(target=self._backstop, args=(signum,), daemon=True).start()
 
     def _backstop(self, signum: int) -> None:
@@ -583,6 +588,10 @@ class _Worker:
             log.info("%s", _summary(self.state, previous, now - then))
             previous, then = self.state.received, now
 
+    async def _run(self, consumer: Consumer) -> None:
+        with self.handlers:
+            await consumer.run(self.handler, self.args.concurrency)
+
     async def _consume(self) -> None:
         args = self.args
         consumer = Consumer(args.topic, args.channel, **_consumer_options(args))
@@ -594,11 +603,11 @@ class _Worker:
                 self.state.phase = "running" if not self.graceful.is_set() else "stopping"
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self.report, consumer)
-                    tg.start_soon(consumer.run, self.handler, args.concurrency)
+                    tg.start_soon(self._run, consumer)
                     await self.graceful.wait()
                     # nothing new; the handlers in progress answer (up to stop_timeout)
                     await consumer.stop()
-                    if self.state.handling:
+                    if self.state.handling and not self.at_once:
                         log.warning(
                             "%d handlers still running after --stop-timeout: their messages "
                             "were requeued",
