@@ -38,7 +38,7 @@ from ._stats import ConsumerStats
 
 __all__ = ["Consumer"]
 
-log = logging.getLogger("nsq")
+log = logging.getLogger("nsq.consumer")
 
 #: the consumer whose handler the current task runs (set in each worker task of ``run()``)
 _HANDLING: ContextVar[Consumer | None] = ContextVar("nsq_handling", default=None)

@@ -311,7 +311,9 @@ async def test_a_connection_that_never_opened_is_not_logged_as_lost(
     said = f"connecting to {address} failed: connection refused"
     assert c.stats()["last_error"] == said
     lines = [
-        r.getMessage() for r in caplog.records if r.name == "nsq" and address in r.getMessage()
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "nsq.consumer" and address in r.getMessage()
     ]
     assert lines, caplog.text
     for line in lines:
