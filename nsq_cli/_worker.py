@@ -113,6 +113,8 @@ class _Option:
     boolean: bool = False
     #: masked in the configuration line
     secret: bool = False
+    #: the default the help shows, when it is not ``default``
+    shown: str | None = None
 
     @property
     def dest(self) -> str:
@@ -127,7 +129,7 @@ OPTIONS: tuple[_Option, ...] = (
         "--nsqd-tcp-address",
         "NSQD_TCP_ADDRESSES",
         _address,
-        "nsqd TCP address (repeatable)",
+        "nsqd TCP address, repeatable",
         metavar="HOST:PORT",
         many=True,
     ),
@@ -135,7 +137,7 @@ OPTIONS: tuple[_Option, ...] = (
         "--lookupd-http-address",
         "NSQ_LOOKUPD_HTTP_ADDRESSES",
         _address,
-        "nsqlookupd HTTP address (repeatable)",
+        "nsqlookupd HTTP address, repeatable",
         metavar="HOST:PORT",
         many=True,
     ),
@@ -151,7 +153,8 @@ OPTIONS: tuple[_Option, ...] = (
         "--max-in-flight",
         "NSQ_MAX_IN_FLIGHT",
         _count,
-        "messages nsqd may send before they are answered (default: the concurrency)",
+        "messages nsqd may send before they are answered",
+        shown="the concurrency",
         metavar="N",
     ),
     _Option(
@@ -174,49 +177,56 @@ OPTIONS: tuple[_Option, ...] = (
         "--max-attempts",
         "NSQ_MAX_ATTEMPTS",
         _attempts,
-        "deliveries of a message before it is given up, 0 for no limit (default: 5)",
+        "deliveries of a message before it is given up, 0 for no limit",
+        shown="5",
         metavar="N",
     ),
     _Option(
         "--default-requeue-delay",
         "NSQ_DEFAULT_REQUEUE_DELAY",
         _non_negative_seconds,
-        "seconds before a failed message comes again, times its attempts (default: 90)",
+        "seconds before a failed message comes again, times its attempts",
+        shown="90",
         metavar="SECONDS",
     ),
     _Option(
         "--max-requeue-delay",
         "NSQ_MAX_REQUEUE_DELAY",
         _non_negative_seconds,
-        "the longest requeue delay, in seconds (default: 900)",
+        "the longest requeue delay, in seconds",
+        shown="900",
         metavar="SECONDS",
     ),
     _Option(
         "--backoff",
         "NSQ_BACKOFF",
         _boolean,
-        "slow down after failures (default: on)",
+        "slow down after failures",
+        shown="on",
         boolean=True,
     ),
     _Option(
         "--max-backoff-duration",
         "NSQ_MAX_BACKOFF_DURATION",
         _non_negative_seconds,
-        "the longest backoff, in seconds (default: 120)",
+        "the longest backoff, in seconds",
+        shown="120",
         metavar="SECONDS",
     ),
     _Option(
         "--msg-timeout",
         "NSQ_MSG_TIMEOUT",
         _seconds,
-        "seconds nsqd waits for an answer before it delivers again (default: nsqd's)",
+        "seconds nsqd waits for an answer before it delivers again",
+        shown="nsqd's",
         metavar="SECONDS",
     ),
     _Option(
         "--client-id",
         "NSQ_CLIENT_ID",
         str,
-        "the client id nsqd shows (default: the host's short name)",
+        "the client id nsqd shows",
+        shown="the host's short name",
         metavar="ID",
     ),
     _Option("--tls", "NSQ_TLS", _boolean, "negotiate TLS", boolean=True),
@@ -291,13 +301,11 @@ def add_worker_parser(sub: Any, extra: Mapping[str, Any]) -> argparse.ArgumentPa
         help="the handler: an async function, or a plain one run in threads",
     )
     for option in OPTIONS:
-        default = (
-            ""
-            if option.default is None
-            else f"; default: {option.default:g}"
-            if isinstance(option.default, float)
-            else f"; default: {option.default}"
-        )
+        shown = option.shown
+        if shown is None and option.default is not None:
+            value = option.default
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+        default = "" if shown is None else f"; default: {shown}"
         text = f"{option.help} (env {option.env}{default})"
         if option.boolean:
             parser.add_argument(

@@ -415,8 +415,8 @@ def test_the_summary_line_counts_messages_every_interval(
     """One line per --stats-interval on the nsq.worker logger, and one when it stops."""
     _, nsqd = cluster
     publish(nsqd, topic, 25)
-    args = ("handlers:handle", "--topic", topic, "--channel", "sum")
-    args += ("--nsqd-tcp-address", nsqd.tcp_address, "--stats-interval", "1")
+    args = ["handlers:handle", "--topic", topic, "--channel", "sum"]
+    args += ["--nsqd-tcp-address", nsqd.tcp_address, "--stats-interval", "1"]
     with worker(app, *args, program=SCRIPT) as running:
         line = running.wait_for("received 25, finished 25,", timeout=60)
         assert " INFO nsq.worker: " in line
@@ -588,7 +588,7 @@ def test_the_help_names_each_options_variable_and_the_page_lists_them(app: Path)
     )
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    pairs = re.findall(r"(--[a-z-]+)(?: [A-Z:]+)? [^()]*\(env (NSQD?_[A-Z_]+)", text)
+    pairs = re.findall(r"(--[a-z-]+)(?:, --no-[a-z-]+)?(?: [A-Z:]+)? [^()]*\(env (NSQD?_[A-Z_]+)", text)
     assert len(pairs) >= 20, text
     page = " ".join((ROOT / "docs" / "cli.md").read_text().split())
     for flag, variable in pairs:
