@@ -272,7 +272,7 @@ class _Reader:
         else a write the peer refused, else the stream's own."""
         link = self._link
         refused = self._refusal(error) if error is not None and self.tls_fresh else None
-        await self._runner._lost(link, refused or link.writer.error or error)
+        await self._runner._lost(link, _worded(refused or link.writer.error or error))
 
     async def _pushed_reads(self, stream: PushStream) -> bool:
         """Let ``stream`` hand reads over (:meth:`_pushed`) until its end, a close or a TLS
@@ -639,6 +639,22 @@ class CoreRunner:
                 exc = refused
             core.http_failed(req.request_id, exc, backend.current_time())
             self.wake()
+
+
+def _worded(exc: BaseException | None) -> BaseException | None:
+    """``exc``, or when it has no words (anyio on trio reads a reset as a
+    ``BrokenResourceError()`` caused by the reset) a TransportError with those of its first
+    cause that has some, else with its type's name."""
+    if exc is None or str(exc):
+        return exc
+    seen = 0
+    current = exc.__cause__ or exc.__context__
+    while current is not None and seen < 16 and not str(current):
+        current = current.__cause__ or current.__context__
+        seen += 1
+    error = TransportError(str(current) if current is not None else type(exc).__name__)
+    error.__cause__ = exc
+    return error
 
 
 def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

@@ -393,6 +393,25 @@ async def test_a_failed_write_is_reported_once_the_peer_s_last_words_are_read(
         assert failing.written == [] and 2 not in h.core.lost and not other.closed
 
 
+async def test_a_stream_error_without_words_is_reported_with_its_cause_s(kind: Kind) -> None:
+    """anyio on trio reads a reset as a ``BrokenResourceError`` with no message, the reset
+    being its cause: the connection is reported lost with the cause's words (the user reads
+    "Connection reset by peer", not nothing)."""
+    async with running(kind) as h:
+        await h.connected()
+        broken = OSError()  # as anyio's BrokenResourceError on trio
+        broken.__cause__ = ConnectionResetError(104, "Connection reset by peer")
+        h.backend.stream(ADDRESS).end(OSError())  # no words at all: its type says it
+        await wait_until(lambda: 1 in h.core.lost)
+        assert str(h.core.lost[1]) == "OSError"
+        await h.connected(2)
+        h.backend.stream(ADDRESS).end(broken)
+        await wait_until(lambda: 2 in h.core.lost)
+        error = h.core.lost[2]
+        assert isinstance(error, nsq_client.TransportError) and error.__cause__ is broken
+        assert str(error) == "[Errno 104] Connection reset by peer"
+
+
 async def test_a_write_slower_than_the_write_timeout_closes_its_connection(kind: Kind) -> None:
     async with running(kind, write_timeout=0.1) as h:
         await h.connected()
