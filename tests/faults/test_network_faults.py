@@ -211,9 +211,10 @@ async def test_half_open_mid_publish(
     nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str, size: int
 ) -> None:
     """nsqd goes silent while 40 tasks publish (40 bodies of 512 KiB in flight fill the socket
-    buffers towards it, and a write waits): every publish returns or raises within ``publish_timeout``, the connection is
-    dropped within two heartbeats and its socket closed at once; once the network heals
-    publishing goes on, and every acknowledged message is in nsqd."""
+    buffers towards it, and a write waits): every publish returns or raises within
+    ``publish_timeout``, the connection is dropped within two heartbeats and its socket
+    closed at once; once the network heals publishing goes on, and every acknowledged
+    message is in nsqd."""
     async with FaultProxy(nsqd.tcp_address) as proxy:
         async with lib.Producer(
             nsqd_tcp_addresses=[proxy.address],
@@ -258,3 +259,254 @@ async def test_half_open_mid_publish(
         )
     missing = [b[:12] for b in acked if b not in seen]
     assert not missing, f"{len(missing)} acknowledged, not in nsqd: {missing[:5]}"
+
+
+# ---------------------------------------------------------------------------------- delay
+
+
+async def test_a_round_trip_delay(
+    nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """100 ms each way (a tenth of the heartbeat interval): ten tasks publish and a consumer
+    consumes through it for three heartbeats; no connection is lost, every publish takes at
+    least the round trip, and every message is consumed."""
+    seen: Counter[bytes] = Counter()
+
+    async def handler(message: Any) -> None:
+        seen[message.body] += 1
+
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        proxy.delay(0.1)
+        async with (
+            lib.Producer(
+                nsqd_tcp_addresses=[proxy.address],
+                heartbeat_interval=HEARTBEAT,
+                publish_timeout=PUBLISH_TIMEOUT + SLACK,
+            ) as producer,
+            lib.Consumer(
+                topic,
+                "c",
+                nsqd_tcp_addresses=[proxy.address],
+                heartbeat_interval=HEARTBEAT,
+                max_in_flight=50,
+            ) as consumer,
+        ):
+            publishers = Publishers(producer, topic, 200)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.run, handler, 10)
+                async with anyio.create_task_group() as publishing:
+                    for k in range(10):
+                        publishing.start_soon(publishers.run, k, (lib.NSQError,))
+                    await anyio.sleep(3 * HEARTBEAT)
+                    publishers.stopping = True
+                acked = publishers.acked()
+                await until(lambda: seen.keys() >= set(acked))
+                tg.cancel_scope.cancel()
+            consumer_error = consumer.stats()["last_error"]
+    shortest = min(o.ended - o.started for o in publishers.outcomes)
+    report(
+        f"real nsqd: 200 ms round trip [{way[0]}/{way[1]}]",
+        published=len(acked),
+        shortest_publish_s=shortest,
+        longest_publish_s=publishers.longest(),
+    )
+    assert not publishers.failed()
+    assert consumer_error is None  # the consumer lost no connection
+    assert shortest >= 0.2
+    assert len(proxy.connections) == 2  # one each, never replaced
+
+
+# ---------------------------------------------------------------------------------- trickle
+
+
+async def test_bytes_trickled_a_few_at_a_time(
+    nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """Every byte both ways in pieces of 3, 1 ms apart (frames arrive cut anywhere, the
+    handshake's too): publishing and consuming work, and every message arrives whole."""
+    bodies = [b"%03d:" % i + bytes(range(32, 127)) for i in range(20)]
+    seen: list[bytes] = []
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        proxy.trickle(3, 0.001)
+        async with lib.Producer(
+            nsqd_tcp_addresses=[proxy.address], heartbeat_interval=HEARTBEAT
+        ) as producer:
+            for body in bodies:
+                await producer.publish(topic, body)
+        async with lib.Consumer(
+            topic, "c", nsqd_tcp_addresses=[proxy.address], heartbeat_interval=HEARTBEAT
+        ) as consumer:
+            with anyio.fail_after(WAIT):
+                async for message in consumer:
+                    seen.append(message.body)
+                    await message.finish()
+                    if len(seen) == len(bodies):
+                        break
+            error = consumer.stats()["last_error"]
+    report(
+        f"real nsqd: bytes trickled 3 at a time [{way[0]}/{way[1]}]",
+        bytes_to_client=proxy.bytes_to_client,
+        bytes_to_server=proxy.bytes_to_server,
+    )
+    assert sorted(seen) == sorted(bodies)
+    assert error is None and len(proxy.connections) == 2
+
+
+# ---------------------------------------------------------------------------------- resets
+
+
+async def test_a_reset_in_the_middle_of_a_message_frame(
+    nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """The connection is reset 100 bytes into a 1,000-byte message frame: the consumer sees
+    a reset (not a protocol error), connects again, and gets the message whole once nsqd
+    gives it again (at the message's timeout: nsqd keeps a gone client's messages in flight
+    until then)."""
+    body = bytes(range(256)) * 4
+    got: list[Any] = []
+
+    async def handler(message: Any) -> None:
+        got.append(message)
+
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        async with lib.Consumer(
+            topic,
+            "c",
+            nsqd_tcp_addresses=[proxy.address],
+            heartbeat_interval=30.0,  # no heartbeat comes first
+            msg_timeout=2.0,
+            reconnect_delay=0.2,
+            max_reconnect_delay=0.5,
+        ) as consumer:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.run, handler, 1)
+                await until(lambda: consumer.stats()["total_rdy"] > 0)
+                proxy.reset_after(100, "to_client")
+                await publish_direct(lib, nsqd.tcp_address, topic, [body])
+                await until(lambda: bool(got))
+                tg.cancel_scope.cancel()
+            error = consumer.stats()["last_error"]
+    first = proxy.connections[0]
+    report(
+        f"real nsqd: reset mid-frame [{way[0]}/{way[1]}]",
+        error=error,
+        bytes_before_the_reset=first.bytes_to_client,
+    )
+    assert first.reset_at is not None and len(proxy.connections) >= 2
+    assert error is not None and "reset" in error.lower(), error
+    assert got[0].body == body and got[0].attempts == 2
+
+
+async def test_a_reset_in_the_middle_of_a_publish(
+    nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """The connection is reset 50 bytes into a PUB of 1,000 bytes: that publish returns
+    (tried again on a new connection) or raises, the next ones go through, and nsqd holds
+    each acknowledged message once."""
+    body = b"p" * 1000
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        async with lib.Producer(
+            nsqd_tcp_addresses=[proxy.address], reconnect_delay=0.2, publish_timeout=10.0
+        ) as producer:
+            await producer.publish(topic, b"first")
+            proxy.reset_after(50, "to_server")
+            error: BaseException | None = None
+            with anyio.fail_after(WAIT):
+                try:
+                    await producer.publish(topic, b"cut:" + body)
+                except lib.NSQError as exc:
+                    error = exc
+                await producer.publish(topic, b"after")
+    wanted = {b"first", b"after"} | ({b"cut:" + body} if error is None else set())
+    seen = await consume_direct(lib, [nsqd.tcp_address], topic, wanted)
+    report(f"real nsqd: reset mid-publish [{way[0]}/{way[1]}]", cut_publish_raised=error)
+    assert proxy.connections[0].reset_at is not None
+    assert error is None or isinstance(error, lib.ConnectionClosedError), error
+    assert {b: n for b, n in seen.items() if b in wanted} == dict.fromkeys(wanted, 1)
+
+
+# ---------------------------------------------------------------------------------- failover
+
+
+async def test_a_half_open_nsqd_of_two_fails_over(
+    nsqds: list[Nsqd], lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """Ten tasks publish through one producer given two nsqd, each behind a proxy; the first
+    goes silent: publishing goes on through the second within two heartbeats and a few
+    seconds, no publish waits past publish_timeout, and every acknowledged message is in
+    one of them."""
+    async with FaultProxy(nsqds[0].tcp_address) as silent, FaultProxy(nsqds[1].tcp_address) as ok:
+        async with lib.Producer(
+            nsqd_tcp_addresses=[silent.address, ok.address],
+            heartbeat_interval=HEARTBEAT,
+            handshake_timeout=2.0,
+            publish_timeout=PUBLISH_TIMEOUT,
+            reconnect_delay=0.5,
+            max_reconnect_delay=1.0,
+        ) as producer:
+            publishers = Publishers(producer, topic, 200)
+            async with anyio.create_task_group() as tg:
+                for k in range(10):
+                    tg.start_soon(publishers.run, k, (lib.NSQError,))
+                await until(lambda: silent.bytes_to_client > 0 and len(publishers.acked()) >= 50)
+                silent.half_open()
+                halted = now()
+                over = DEAD_AFTER + SLACK
+                await until(lambda: len(publishers.acked(since=halted + over)) >= 100)
+                publishers.stopping = True
+    acked = publishers.acked()
+    addresses = [n.tcp_address for n in nsqds]
+    seen = await consume_direct(lib, addresses, topic, set(acked))
+    report(
+        f"real nsqd: half-open nsqd of two, producer failover [{way[0]}/{way[1]}]",
+        acked=len(acked),
+        failed=len(publishers.failed()),
+        longest_publish_s=publishers.longest(),
+    )
+    assert publishers.longest() < PUBLISH_TIMEOUT + SLACK
+    missing = [b[:12] for b in acked if b not in seen]
+    assert not missing, f"{len(missing)} acknowledged, not in nsqd: {missing[:5]}"
+
+
+async def test_a_consumer_of_two_nsqd_goes_on_with_the_other_when_one_goes_silent(
+    nsqds: list[Nsqd], lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """A consumer of two nsqd (each behind a proxy); the first goes silent: its connection is
+    dropped within two heartbeats, and what is published to the second meanwhile is consumed
+    without waiting for the first."""
+    seen: Counter[bytes] = Counter()
+
+    async def handler(message: Any) -> None:
+        seen[message.body] += 1
+
+    async with FaultProxy(nsqds[0].tcp_address) as silent, FaultProxy(nsqds[1].tcp_address) as ok:
+        async with lib.Consumer(
+            topic,
+            "c",
+            nsqd_tcp_addresses=[silent.address, ok.address],
+            heartbeat_interval=HEARTBEAT,
+            handshake_timeout=2.0,
+            max_in_flight=20,
+            reconnect_delay=0.5,
+            max_reconnect_delay=1.0,
+        ) as consumer:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consumer.run, handler, 5)
+                for i, nsqd in enumerate(nsqds):
+                    await publish_direct(lib, nsqd.tcp_address, topic, [b"before-%d" % i])
+                await until(lambda: len(seen) == 2)
+                silent.half_open()
+                halted = now()
+                during = [b"during-%d" % i for i in range(100)]
+                await publish_direct(lib, nsqds[1].tcp_address, topic, during)
+                await until(lambda: seen.keys() >= set(during))
+                consumed = now()
+                await until(lambda: consumer.stats()["last_error"] is not None)
+                dropped = now()
+                tg.cancel_scope.cancel()
+    report(
+        f"real nsqd: half-open nsqd of two, consumer [{way[0]}/{way[1]}]",
+        other_consumed_after_s=consumed - halted,
+        dropped_after_s=dropped - halted,
+    )
+    assert dropped - halted < DEAD_AFTER + SLACK
