@@ -223,8 +223,14 @@ class MemoryNetwork:
 
     def _step(self) -> bool:
         moved = False
+        now = self.now
         for client in self._clients:
-            while (out := client.core.next_output()) is not None:
+            core = client.core
+            deadline = core.next_deadline()
+            if deadline is not None and deadline <= now:
+                # due now (a producer's flush of what its callers queued): now is the time
+                core.handle_timer(now)
+            while (out := core.next_output()) is not None:
                 moved = True
                 self._carry_out(client, out)
             for conn_id, link in list(client.links.items()):

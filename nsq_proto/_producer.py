@@ -590,14 +590,16 @@ class PublishQueue:
 class _ConnectionPool:
     """The producer's connections as the :class:`Pool` its queue assigns requests to."""
 
-    __slots__ = ("_cap", "_conns")
+    __slots__ = ("_conns", "limit")
 
     def __init__(self, conns: dict[ConnId, _PConn], cap: int) -> None:
         self._conns = conns
-        self._cap = cap
+        #: commands a connection may have unanswered for it to be picked (``max_outstanding``;
+        #: 1 while a publish call dispatches: only an idle connection then)
+        self.limit = cap
 
     def pick(self, address: tuple[str, int] | None) -> ConnId | None:
-        cap = self._cap
+        cap = self.limit
         best: _PConn | None = None
         best_load = 0
         for rec in self._conns.values():
@@ -613,6 +615,13 @@ class _ConnectionPool:
 
     def take(self, conn_id: ConnId) -> None:
         self._conns[conn_id].assigned += 1
+
+    def room(self, cap: int) -> bool:
+        """Some ready connection has fewer than ``cap`` commands unanswered."""
+        return any(
+            rec.conn.state is ConnectionState.READY and len(rec.outstanding) < cap
+            for rec in self._conns.values()
+        )
 
     def partitioned(self, conn_id: ConnId) -> bool:
         features = self._conns[conn_id].conn.features
@@ -671,6 +680,10 @@ class Producer:
         self._closing = False
         #: see :attr:`held_back`
         self._held_back = False
+        #: when the publishes a call queued behind busy connections are sent (a deadline: the
+        #: driver calls handle_timer once it has run what is ready, the other publishers
+        #: included, so that they go together); None: nothing to send
+        self._flush_at: float | None = None
         self._last_error: NSQError | None = None
         #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately
         self._lookup_errors: dict[str, NSQError] = {}
@@ -703,6 +716,9 @@ class Producer:
         first = self._queue.next_deadline()
         if first is not None and (deadline is None or first < deadline):
             deadline = first
+        flush = self._flush_at
+        if flush is not None and (deadline is None or flush < deadline):
+            deadline = flush
         return deadline
 
     def handle_timer(self, now: float) -> None:
@@ -1005,7 +1021,16 @@ class Producer:
         topic = req.topic
         if self._lookupd.addresses and not self._routes.known(topic):
             self._lookup(topic)
-        self._dispatch()
+        # at once on an idle connection (a lone caller waits for nothing); behind a busy one,
+        # at the flush, with every publish the other callers make meanwhile (one MPUB)
+        pool = self._pool
+        cap = pool.limit = 1
+        try:
+            self._dispatch(flush=False)
+        finally:
+            cap = pool.limit = self.config.max_outstanding
+        if queue.waiting and self._flush_at is None and pool.room(cap):
+            self._flush_at = self._now
         return req.request_id
 
     def publish(
@@ -1119,9 +1144,12 @@ class Producer:
             ), True
         return cmd.mpub_unchecked(req.topic, req.bodies, partition), traced
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, *, flush: bool = True) -> None:
         """Send what can go now: the queue decides, then every decision is carried out here,
-        in order (the only place a publish is written)."""
+        in order (the only place a publish is written).  ``flush``: up to ``max_outstanding``
+        commands per connection (what the flush deadline waits for)."""
+        if flush:
+            self._flush_at = None
         queue = self._queue
         if not queue.waiting:
             return
@@ -1216,6 +1244,7 @@ class Producer:
         """Close every connection; requests not yet answered fail."""
         self._now = now
         self._closing = True
+        self._flush_at = None
         self._timers.clear()
         for req in list(self._queue.waiting):
             self._fail_request(req, ConnectionClosedError("producer closed"))

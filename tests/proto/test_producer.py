@@ -60,10 +60,12 @@ def test_publish_round_trip_and_request_ids() -> None:
     r1 = core.publish("t", b"hello", 0.0)
     r2 = core.publish_many("t", [b"m1", b"m2", b"m3"], 0.0)
     r3 = core.publish("t", b"deferred", 0.0, delay=1.0)
+    # the first goes at once on the idle connection; the others at the flush, due now
+    assert sends(core.outputs())[c] == cmd.pub("t", b"hello")
+    assert core.next_deadline() == 0.0
+    core.handle_timer(0.0)
     assert sends(core.outputs())[c] == (
-        cmd.pub("t", b"hello")
-        + cmd.mpub("t", [b"m1", b"m2", b"m3"])
-        + cmd.dpub("t", 1000, b"deferred")
+        cmd.mpub("t", [b"m1", b"m2", b"m3"]) + cmd.dpub("t", 1000, b"deferred")
     )
     core.receive_data(c, response(b"OK") * 3, 0.1)
     out = [o for o in core.outputs() if isinstance(o, PublishSucceeded)]
@@ -90,20 +92,24 @@ def test_pipelining_is_bounded_per_connection_and_what_waits_goes_as_one_mpub() 
     core, ids = started(["n1:4150"], max_outstanding=2)
     (c,) = ids.values()
     rids = [core.publish("t", b"%d" % i, 0.0) for i in range(5)]
-    # a lone publish is its own PUB: no added latency while the connection has room
-    assert sends(core.outputs())[c] == cmd.pub("t", b"0") + cmd.pub("t", b"1")
-    core.receive_data(c, response(b"OK"), 0.1)
+    # a lone publish on an idle connection is its own PUB, at once: no added latency
+    assert sends(core.outputs())[c] == cmd.pub("t", b"0")
+    # behind a busy connection, the others go together at the flush: one MPUB, call order
+    assert core.next_deadline() == 0.0
+    core.handle_timer(0.0)
+    assert sends(core.outputs())[c] == cmd.mpub("t", [b"1", b"2", b"3", b"4"])
+    assert [conn[3] for conn in core.connections()] == [2]
+    # the connection is full: what comes now waits for an answer, no flush is due
+    more = [core.publish("t", b"%d" % i, 0.1) for i in range(5, 8)]
+    assert core.outputs() == [] and core.next_deadline() != 0.1
+    core.receive_data(c, response(b"OK"), 0.2)
     out = core.outputs()
     assert [o.request_id for o in out if isinstance(o, PublishSucceeded)] == [rids[0]]
-    # the three that waited go as one MPUB, in call order, when the connection has room
-    assert sends(out)[c] == cmd.mpub("t", [b"2", b"3", b"4"])
-    assert [conn[3] for conn in core.connections()] == [2]
-    core.receive_data(c, response(b"OK"), 0.2)
-    assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == [rids[1]]
-    assert core.pending == 3
-    core.receive_data(c, response(b"OK"), 0.3)
+    assert sends(out)[c] == cmd.mpub("t", [b"5", b"6", b"7"])
+    core.receive_data(c, response(b"OK") * 2, 0.3)
     # each caller gets its own answer
-    assert [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)] == rids[2:]
+    ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert ok == rids[1:] + more
     assert core.pending == 0
 
 
@@ -146,7 +152,9 @@ def test_pipelining_without_coalescing() -> None:
     core, ids = started(["n1:4150"], max_outstanding=2, max_coalesced_messages=1)
     (c,) = ids.values()
     rids = [core.publish("t", b"%d" % i, 0.0) for i in range(5)]
-    assert sends(core.outputs())[c] == cmd.pub("t", b"0") + cmd.pub("t", b"1")
+    assert sends(core.outputs())[c] == cmd.pub("t", b"0")
+    core.handle_timer(0.0)
+    assert sends(core.outputs())[c] == cmd.pub("t", b"1")
     core.receive_data(c, response(b"OK"), 0.1)
     out = core.outputs()
     assert [o.request_id for o in out if isinstance(o, PublishSucceeded)] == [rids[0]]
@@ -162,20 +170,22 @@ def test_fatal_error_fails_the_request_and_fails_over_the_rest() -> None:
     core, ids = started(["n1:4150", "n2:4150"], max_outstanding=4)
     c1, c2 = ids["n1:4150"], ids["n2:4150"]
     rids = [core.publish("t", b"%d" % i, 0.0) for i in range(4)]
-    first = sends(core.outputs())
-    assert set(first) == {c1, c2}
-    # n1 holds requests 0 and 2 (least outstanding first); it refuses 0 fatally
+    # 0 and 1 at once, each on an idle connection; 2 and 3 together at the flush, on n1
+    assert sends(core.outputs()) == {c1: cmd.pub("t", b"0"), c2: cmd.pub("t", b"1")}
+    core.handle_timer(0.0)
+    assert sends(core.outputs()) == {c1: cmd.mpub("t", [b"2", b"3"])}
+    # n1 refuses 0 fatally
     core.receive_data(c1, error(b"E_BAD_MESSAGE PUB message too big 9 > 1"), 0.1)
     out = core.outputs()
     failed = [o for o in out if isinstance(o, PublishFailed)]
     assert [f.request_id for f in failed] == [rids[0]]
     assert isinstance(failed[0].error, ServerError) and failed[0].error.code == "E_BAD_MESSAGE"
-    # request 2 goes over to n2 (after n2's own two) once the retry backoff (28 ms) is over
+    # requests 2 and 3 go over to n2 once the retry backoff (28 ms) is over
     assert c2 not in sends(out)
     assert core.next_deadline() == pytest.approx(0.128)
     core.handle_timer(0.128)
-    assert sends(core.outputs())[c2] == cmd.pub("t", b"2")
-    core.receive_data(c2, response(b"OK") * 3, 0.2)
+    assert sends(core.outputs())[c2] == cmd.mpub("t", [b"2", b"3"])
+    core.receive_data(c2, response(b"OK") * 2, 0.2)
     ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
     assert sorted(ok) == [rids[1], rids[2], rids[3]]
 
@@ -217,8 +227,9 @@ def test_publishes_answered_out_of_order_time_out_oldest_first() -> None:
     core, _ = started(["n1:4150", "n2:4150"], publish_timeout=5.0)
     rids = [core.publish("t", b"%d" % i, float(i)) for i in range(4)]
     deadline = {rid: 5.0 + i for i, rid in enumerate(rids)}
+    core.handle_timer(3.0)  # the flush: 2 and 3 went behind busy connections
     written = sends(core.outputs())
-    assert sum(data.count(b"PUB ") for data in written.values()) == 4
+    assert sum(data.count(b"PUB ") for data in written.values()) == 3  # 0, 1, MPUB of 2 3
     assert core.next_deadline() == 5.0
     # the oldest is acknowledged first on its connection: the next deadline is the second's
     (first_conn,) = [
