@@ -639,8 +639,13 @@ def run_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT, force=True)
     worker = _Worker(args, handler)
     code: int = anyio.run(worker.main, backend=args.backend)
-    # a plain handler still running in a thread after a stop at once is not waited for
-    if code and any(
+    # a plain handler still running in a thread (abandoned by a stop at once, or past
+    # --stop-timeout; its message went back to nsqd) is not waited for
+    deadline = time.monotonic() + 0.5
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    if any(
         t.is_alive() and not t.daemon and t is not threading.main_thread()
         for t in threading.enumerate()
     ):

@@ -372,6 +372,42 @@ def test_a_second_signal_stops_at_once_and_requeues_what_was_held(
     assert handled(app) == []
 
 
+@pytest.mark.parametrize(
+    ("signum", "handler", "backend"),
+    [
+        (signal.SIGTERM, "handlers:handle", "asyncio"),
+        (signal.SIGINT, "handlers:plain", "trio"),
+    ],
+    ids=["TERM-async-asyncio", "INT-plain-trio"],
+)
+def test_handlers_still_running_at_the_stop_timeout_have_their_messages_requeued(
+    cluster: tuple[Lookupd, Nsqd], app: Path, topic: str, signum: int, handler: str, backend: str
+) -> None:
+    """A graceful stop waits --stop-timeout for the handlers in progress, no longer: their
+    messages go back to nsqd, the worker says so and ends with exit status 0."""
+    _, nsqd = cluster
+    publish(nsqd, topic, 100)
+    args = [handler, "--topic", topic, "--channel", "late", "--backend", backend]
+    args += ["--nsqd-tcp-address", nsqd.tcp_address, "--concurrency", "10"]
+    args += ["--max-in-flight", "20", "--stop-timeout", "2", "--msg-timeout", "120"]
+    with worker(app, *args, env={"HANDLER_DELAY": "60"}) as running:
+        wait_until(
+            lambda: (nsqd.channel(topic, "late") or {}).get("in_flight_count") == 20,
+            30,
+            "20 messages in flight",
+        )
+        running.signal(signum)
+        code, seconds = running.wait(timeout=40)
+        assert code == 0, running.stderr
+        assert 1.5 < seconds < 2 + 15, running.stderr
+        assert "10 handlers still running after --stop-timeout" in running.stderr
+        assert "Traceback" not in running.stderr
+    wait_until(lambda: in_flight_zero(nsqd, topic, "late"), 10, "nothing in flight")
+    stats = channel_stats(nsqd, topic, "late")
+    assert int(stats["depth"]) + int(stats["deferred_count"]) == 100
+    assert handled(app) == []
+
+
 def test_a_plain_handler_runs_in_threads_bounded_by_concurrency(
     cluster: tuple[Lookupd, Nsqd], app: Path, topic: str
 ) -> None:
@@ -588,7 +624,9 @@ def test_the_help_names_each_options_variable_and_the_page_lists_them(app: Path)
     )
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    pairs = re.findall(r"(--[a-z-]+)(?:, --no-[a-z-]+)?(?: [A-Z:]+)? [^()]*\(env (NSQD?_[A-Z_]+)", text)
+    pairs = re.findall(
+        r"(--[a-z-]+)(?:, --no-[a-z-]+)?(?: [A-Z:]+)? [^()]*\(env (NSQD?_[A-Z_]+)", text
+    )
     assert len(pairs) >= 20, text
     page = " ".join((ROOT / "docs" / "cli.md").read_text().split())
     for flag, variable in pairs:
