@@ -19,7 +19,7 @@ import ssl
 import struct
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import TypeVar, cast
 
 try:
     # what anyio asks to know the running library; a loop callback has no task to tell it
@@ -64,8 +64,9 @@ class _Protocol(asyncio.Protocol):
         self.on_end: Callable[[BaseException | None], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport, of asyncio's own loop or another's (uvloop's do not subclass
+        # asyncio.Transport: an isinstance check would refuse them)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         on_data = self.on_data
@@ -244,7 +245,7 @@ class AsyncioStream:
         )
         if upgraded is None:  # pragma: no cover (the transport closed during the handshake)
             raise ConnectionResetError("the connection closed during the TLS handshake")
-        assert isinstance(upgraded, asyncio.Transport)
+        # (no isinstance check: uvloop's transport is no asyncio.Transport, see connection_made)
         protocol.transport = upgraded
         return AsyncioStream(upgraded, protocol, raw=self._transport)
 
