@@ -631,3 +631,17 @@ def test_the_help_names_each_options_variable_and_the_page_lists_them(app: Path)
     page = " ".join((ROOT / "docs" / "cli.md").read_text().split())
     for flag, variable in pairs:
         assert f"`{flag}`" in page and f"`{variable}`" in page, (flag, variable)
+
+
+def test_a_tls_ca_that_cannot_be_read_is_one_runtime_error_before_any_connection(
+    app: Path,
+) -> None:
+    with listener() as (address, sock):
+        args = ["handlers:handle", "--topic", "t", "--channel", "c"]
+        args += ["--nsqd-tcp-address", address, "--tls-ca", str(app / "missing.pem")]
+        code, stderr = run_worker(app, *args)
+        assert code == 1, stderr
+        assert stderr.splitlines() == [
+            f"nsq: error: cannot read --tls-ca {app / 'missing.pem'}: No such file or directory"
+        ]
+        assert not connected(sock)
