@@ -1,4 +1,5 @@
-"""``python -m nsq_cli serve | pub | tail | stats | demo`` (installed as ``nsq-sansio``)."""
+"""``python -m nsq_cli serve | pub | tail | stats | demo | worker`` (installed as
+``nsq-sansio``)."""
 
 from __future__ import annotations
 

@@ -491,7 +491,8 @@ def _in_threads(
 
 @dataclass
 class WorkerState:
-    """What the worker is doing, for its summary lines (and for probes and metrics)."""
+    """What the worker is doing, for its summary lines (and for probes and metrics): the
+    phase is set as it changes, the rest by :meth:`update` from the consumer's stats."""
 
     #: starting, running, stopping, stopped
     phase: str = "starting"
@@ -509,6 +510,8 @@ class WorkerState:
     backoff_level: int = 0
     #: handlers running now
     handling: int = 0
+    #: nsqlookupd answered that the topic does not exist (yet), and nothing is subscribed
+    waiting_for_topic: bool = False
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -526,6 +529,10 @@ class WorkerState:
         self.in_flight = sum(c["in_flight"] for c in connections)
         self.connected = sum(1 for c in connections if c["state"] not in ("INIT", "CLOSED"))
         self.subscribed = sum(1 for c in connections if c["state"] == "SUBSCRIBED")
+        lookup = consumer.last_lookup
+        self.waiting_for_topic = (
+            lookup is not None and not lookup.topic_found and self.subscribed == 0
+        )
 
 
 def _summary(state: WorkerState, previous: int, seconds: float) -> str:
@@ -535,6 +542,7 @@ def _summary(state: WorkerState, previous: int, seconds: float) -> str:
         f"given up {state.given_up}, {rate:.1f} msgs/s, in flight {state.in_flight}, "
         f"handling {state.handling}, backoff level {state.backoff_level}, "
         f"connections {state.subscribed} subscribed of {state.connected}"
+        + (", waiting for nsqlookupd to list the topic" if state.waiting_for_topic else "")
     )
 
 

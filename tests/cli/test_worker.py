@@ -465,6 +465,24 @@ def test_the_summary_line_counts_messages_every_interval(
     assert "worker stopped: received 25, finished 25" in running.stderr
 
 
+def test_a_worker_started_before_its_topic_exists_says_so_then_consumes_it(
+    cluster: tuple[Lookupd, Nsqd], app: Path, topic: str
+) -> None:
+    lookupd, nsqd = cluster
+    args = ["handlers:handle", "--topic", topic, "--channel", "early"]
+    args += ["--lookupd-http-address", lookupd.http_address, "--stats-interval", "1"]
+    with worker(app, *args) as running:
+        running.wait_for(
+            "connections 0 subscribed of 0, waiting for nsqlookupd to list the topic", timeout=30
+        )
+        bodies = publish(nsqd, topic, 3)
+        line = running.wait_for("received 3, finished 3,", timeout=60)
+        assert line.rstrip().endswith("connections 1 subscribed of 1"), line
+        running.signal(signal.SIGTERM)
+        assert running.wait(timeout=45)[0] == 0, running.stderr
+    assert sorted(handled(app)) == bodies
+
+
 # -- the handler -------------------------------------------------------------------------------
 
 
