@@ -9,10 +9,11 @@ import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
-from nsq_anyio._asyncio_stream import AsyncioStream, connect
+from nsq_anyio._asyncio_stream import AsyncioStream, LoopEvent, connect
 
 pytestmark = pytest.mark.anyio
 
@@ -275,3 +276,34 @@ async def test_a_reset_while_pushing_ends_with_the_error() -> None:
         await asyncio.wait_for(ends.ended.wait(), 10)
         assert len(ends.errors) == 1 and isinstance(ends.errors[0], OSError)
         await stream.aclose()
+
+
+@pytest.mark.parametrize("make", [asyncio.Event, LoopEvent], ids=["asyncio.Event", "LoopEvent"])
+def test_the_loop_event_behaves_as_asyncio_event(make: Callable[[], Any]) -> None:
+    """Set before or after the waits, several waiters, one cancelled alone, set twice: the
+    same outcome as asyncio.Event's (the test runs on both)."""
+
+    async def main() -> list[str]:
+        seen: list[str] = []
+        early = make()
+        early.set()
+        assert early.is_set() and await early.wait() is True
+        event = make()
+
+        async def wait(name: str) -> None:
+            await event.wait()
+            seen.append(name)
+
+        tasks = [asyncio.create_task(wait(name)) for name in ("a", "b", "c")]
+        await asyncio.sleep(0)
+        tasks[1].cancel()
+        await asyncio.sleep(0)
+        assert not event.is_set() and seen == []
+        event.set()
+        event.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[1], asyncio.CancelledError)
+        assert event.is_set() and await event.wait() is True
+        return seen
+
+    assert asyncio.run(main()) == ["a", "c"]
