@@ -1,7 +1,8 @@
 """Bare asyncio socket loops against nsqd: the yardstick the client is measured beside.
 
 No client code: raw frames over ``asyncio`` streams, as lean as a hand-written loop gets.
-``pub`` pipelines MPUB batches of 100 (``outstanding`` at once); ``sub`` sets RDY, parses
+``pub`` pipelines MPUB batches of 100 (``outstanding`` at once); ``pub_singles`` pipelines
+single PUBs (``outstanding`` at once, as go-nsq with that many concurrent publishes); ``sub`` sets RDY, parses
 frames, answers heartbeats and writes the FINs of one read together; ``round_trip`` times
 single PUBs (each waits for its OK) and ``end_to_end`` times PUB -> message frame on a second
 connection.  Imported by ``throughput.py`` and ``latency.py``; runnable alone:
@@ -65,6 +66,33 @@ async def pub(address: str, topic: str, count: int, size: int, outstanding: int 
     elapsed = time.perf_counter() - start
     writer.close()
     return batches * 100 / elapsed
+
+
+async def pub_singles(
+    address: str, topic: str, count: int, size: int, outstanding: int = 200
+) -> float:
+    """``count`` single PUBs on one connection, ``outstanding`` of them unanswered at a time:
+    what go-nsq's producer does with that many concurrent publishes."""
+    reader, writer = await _open(address)
+    command = _pub(topic, b"x" * size)
+    writer.write(command)
+    await _frame(reader)  # the topic exists
+    start = time.perf_counter()
+    sent = answered = 0
+    while answered < count:
+        more = min(count - sent, outstanding - (sent - answered))
+        if more > 0:
+            writer.write(command * more)
+            sent += more
+        await writer.drain()
+        _kind, data = await _frame(reader)
+        if data != _HEARTBEAT:
+            answered += 1
+        else:
+            writer.write(b"NOP\n")
+    elapsed = time.perf_counter() - start
+    writer.close()
+    return count / elapsed
 
 
 async def sub(address: str, topic: str, channel: str, count: int, rdy: int = 2500) -> float:
@@ -133,6 +161,11 @@ async def end_to_end(address: str, topic: str, count: int, size: int) -> list[fl
     s_reader, s_writer = await _open(address)
     s_writer.write(b"SUB %s bare\nRDY 1\n" % topic.encode())
     await _frame(s_reader)
+    while True:  # the warm-up message first: each PUB timed is then the next one delivered
+        kind, data = await _frame(s_reader)
+        if kind == 2:
+            s_writer.write(b"FIN " + data[10:26] + b"\n")
+            break
     command = _pub(topic, b"x" * size)
     times = []
     for _ in range(count):

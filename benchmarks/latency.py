@@ -7,7 +7,8 @@ publish until the consumer's handler has the message (one in flight at a time). 
 and p99 in microseconds for the client and the bare loop (``benchmarks/bare.py``), and the
 ratio of the p50s.  ``--bare-spin 0.00002`` runs the bare round trip once more, busy for that
 many seconds before each PUB (untimed): how its figure moves when the process does some work
-between trips, as any client does.
+between trips, as any client does.  ``--rtt MS`` measures both through a loopback proxy
+delaying every chunk MS / 2 ms each way (``rtt.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import anyio
 import bare
+import rtt
 
 
 def percentiles(times: list[float]) -> tuple[float, float]:
@@ -83,10 +85,19 @@ def main() -> None:
     parser.add_argument(
         "--bare-spin", type=float, default=0.0, help="seconds of work before each bare PUB"
     )
+    rtt.add_option(parser)
     args = parser.parse_args()
+    with rtt.through(args.nsqd_tcp_address, args.rtt) as address:
+        rows = measure(args, address)
+    print(f"backend={args.backend} count={args.count} size={args.size} rtt_ms={args.rtt}")
+    for row in rows:
+        print(row)
+
+
+def measure(args: argparse.Namespace, address: str) -> list[str]:
+    """The rows of the report: each measure of the client beside the bare loop's."""
     lib = importlib.import_module("nsq_trio" if args.backend == "nsq_trio" else "nsq_anyio")
     loop = "trio" if args.backend == "nsq_trio" else args.backend
-    address = args.nsqd_tcp_address
     tag = uuid.uuid4().hex[:8]
     rows = []
     for name, bare_run, client_run in (
@@ -112,9 +123,7 @@ def main() -> None:
             f"round_trip, bare busy {args.bare_spin * 1e6:.0f}us before each PUB: "
             f"p50={s50:.0f}us p99={s99:.0f}us"
         )
-    print(f"backend={args.backend} count={args.count} size={args.size}")
-    for row in rows:
-        print(row)
+    return rows
 
 
 if __name__ == "__main__":

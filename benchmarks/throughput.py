@@ -1,15 +1,21 @@
 """End-to-end throughput through the public nsq_anyio (or nsq_trio) API.
 
     python benchmarks/throughput.py pub --nsqd-tcp-address 127.0.0.1:4150 --topic bench --count 200000
+    python benchmarks/throughput.py pub --publishers 200 --rtt 50 --bare --count 20000
     python benchmarks/throughput.py sub --nsqd-tcp-address 127.0.0.1:4150 --topic bench --channel c --count 200000
 
-``pub`` publishes with MPUB batches of 100 (``--outstanding`` batches in flight), ``sub``
-fills a fresh topic (``--topic`` and a random suffix) with ``--count`` messages, then consumes and
-FINishes them: through ``async for`` and ``await message.finish()`` with ``--style iterate``, else
-through a handler per message (``--concurrency`` of them at once, each
-awaiting ``--handler-sleep`` seconds, as a handler doing I/O would: with 100 handlers and
-10 ms, the ideal is 100 / 0.01 s = 10,000 msgs/s).  The last line is
-``pub_msgs_per_s=<float>`` or ``sub_msgs_per_s=<float>``.
+``pub`` publishes with MPUB batches of 100 (``--outstanding`` batches in flight); with
+``--publishers N``, N tasks each publish one message at a time, ``await
+producer.publish(topic, body)`` in a loop, as a service's request handlers do (the bare loop
+beside it keeps N single PUBs unanswered on one connection, as go-nsq's producer does with N
+concurrent publishes).  ``sub`` fills a fresh topic (``--topic`` and a random suffix) with
+``--count`` messages, then consumes and FINishes them: through ``async for`` and ``await
+message.finish()`` with ``--style iterate``, else through a handler per message
+(``--concurrency`` of them at once, each awaiting ``--handler-sleep`` seconds, as a handler
+doing I/O would: with 100 handlers and 10 ms, the ideal is 100 / 0.01 s = 10,000 msgs/s).
+``--rtt MS`` measures across a round trip: the client and the bare loop both go through a
+loopback proxy delaying every chunk MS / 2 ms each way (``rtt.py``; the topic of ``sub`` is
+filled straight).  The last line is ``pub_msgs_per_s=<float>`` or ``sub_msgs_per_s=<float>``.
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ from typing import Any
 
 import anyio
 import bare
+import rtt
 
 
 async def pub(args: argparse.Namespace, lib: Any) -> float:
+    if args.publishers:
+        return await pub_singles(args, lib)
     body = b"x" * args.size
     batch = [body] * 100
-    batches = args.count // 100
+    batches: int = args.count // 100
     async with lib.Producer(
         nsqd_tcp_addresses=[args.nsqd_tcp_address], max_outstanding=args.outstanding
     ) as producer:
@@ -47,6 +56,28 @@ async def pub(args: argparse.Namespace, lib: Any) -> float:
                 tg.start_soon(worker)
         elapsed = time.perf_counter() - start
     return batches * 100 / elapsed
+
+
+async def pub_singles(args: argparse.Namespace, lib: Any) -> float:
+    """``--publishers`` tasks, each awaiting one ``publish()`` at a time, ``--count`` in all."""
+    body = b"x" * args.size
+    options = {} if args.outstanding is None else {"max_outstanding": args.outstanding}
+    async with lib.Producer(nsqd_tcp_addresses=[args.nsqd_tcp_address], **options) as producer:
+        await producer.publish(args.topic, body)  # connect and create the topic
+        remaining = args.count
+        start = time.perf_counter()
+
+        async def publisher() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                await producer.publish(args.topic, body)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(args.publishers):
+                tg.start_soon(publisher)
+        elapsed = time.perf_counter() - start
+    return float(args.count / elapsed)
 
 
 async def sub(args: argparse.Namespace, lib: Any) -> float:
@@ -115,7 +146,21 @@ def main() -> None:
         action="store_true",
         help="also run the bare asyncio socket loop (benchmarks/bare.py) in the same run",
     )
-    parser.add_argument("--outstanding", type=int, default=8, help="MPUBs in flight")
+    parser.add_argument(
+        "--outstanding",
+        type=int,
+        default=None,
+        help="MPUBs in flight (8); with --publishers, the producer's max_outstanding "
+        "(default: its own)",
+    )
+    parser.add_argument(
+        "--publishers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pub: N tasks each publishing one message at a time instead of MPUB batches",
+    )
+    rtt.add_option(parser)
     parser.add_argument("--backend", choices=["asyncio", "trio", "nsq_trio"], default="asyncio")
     args = parser.parse_args()
     if args.backend == "nsq_trio":
@@ -124,27 +169,39 @@ def main() -> None:
     else:
         lib = importlib.import_module("nsq_anyio")
         backend = args.backend
+    if args.publishers and args.mode != "pub":
+        parser.error("--publishers is a mode of pub")
+    if not args.publishers and args.outstanding is None:
+        args.outstanding = 8
+    direct = args.nsqd_tcp_address
     if args.mode == "sub":
-        # a fresh topic, filled beforehand: the run measures consuming alone
+        # a fresh topic, filled beforehand (straight, not through --rtt's delay): the run
+        # measures consuming alone
         args.topic = f"{args.topic}_{uuid.uuid4().hex[:8]}"
-        asyncio.run(bare.pub(args.nsqd_tcp_address, args.topic, args.count + 1000, args.size))
+        asyncio.run(bare.pub(direct, args.topic, args.count + 1000, args.size))
     runner = pub if args.mode == "pub" else sub
-    rate = anyio.run(runner, args, lib, backend=backend)
-    if args.bare:
-        # the same work on topics of its own, through raw frames on asyncio streams
-        topic = f"{args.topic}_bare_{uuid.uuid4().hex[:8]}"
-        address = args.nsqd_tcp_address
-        if args.mode == "pub":
-            bare_rate = asyncio.run(
-                bare.pub(address, topic, args.count, args.size, args.outstanding)
-            )
-        else:
-            asyncio.run(bare.pub(address, topic, args.count + 1000, args.size))
-            bare_rate = asyncio.run(bare.sub(address, topic, "bench", args.count))
-        print(f"bare_{args.mode}_msgs_per_s={bare_rate:.1f} ratio={rate / bare_rate:.2f}")
+    with rtt.through(direct, args.rtt) as address:
+        args.nsqd_tcp_address = address
+        rate = anyio.run(runner, args, lib, backend=backend)
+        if args.bare:
+            # the same work on topics of its own, through raw frames on asyncio streams
+            topic = f"{args.topic}_bare_{uuid.uuid4().hex[:8]}"
+            if args.mode == "pub" and args.publishers:
+                bare_rate = asyncio.run(
+                    bare.pub_singles(address, topic, args.count, args.size, args.publishers)
+                )
+            elif args.mode == "pub":
+                bare_rate = asyncio.run(
+                    bare.pub(address, topic, args.count, args.size, args.outstanding)
+                )
+            else:
+                asyncio.run(bare.pub(direct, topic, args.count + 1000, args.size))
+                bare_rate = asyncio.run(bare.sub(address, topic, "bench", args.count))
+            print(f"bare_{args.mode}_msgs_per_s={bare_rate:.1f} ratio={rate / bare_rate:.2f}")
     print(
         f"backend={args.backend} count={args.count} size={args.size} "
-        f"style={args.style} concurrency={args.concurrency} handler_sleep={args.handler_sleep}"
+        f"style={args.style} concurrency={args.concurrency} handler_sleep={args.handler_sleep} "
+        f"publishers={args.publishers} rtt_ms={args.rtt}"
     )
     print(f"{args.mode}_msgs_per_s={rate:.1f}")
 

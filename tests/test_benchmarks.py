@@ -77,6 +77,58 @@ def test_the_throughput_benchmark_runs_against_a_real_nsqd(nsqd: Nsqd, backend: 
 
 
 @real
+@pytest.mark.parametrize("backend", ["asyncio", "nsq_trio"])
+def test_the_throughput_benchmark_runs_single_publishers_and_across_a_round_trip(
+    nsqd: Nsqd, backend: str
+) -> None:
+    """``--publishers`` (tasks each awaiting one publish at a time) and ``--rtt`` (the client
+    and the bare loop through the delay proxy), beside the bare loop."""
+    script = str(BENCHMARKS / "throughput.py")
+    common = ["--nsqd-tcp-address", nsqd.tcp_address, "--backend", backend, "--bare"]
+    for rtt in ([], ["--rtt", "20"]):
+        output = run(script, "pub", *common, "--publishers", "20", "--count", "400", *rtt)
+        figure(output, "pub_msgs_per_s")
+        figure(output, "bare_pub_msgs_per_s")
+        assert "publishers=20" in output
+    assert "rtt_ms=20.0" in output
+    output = run(script, "sub", *common, "--concurrency", "10", "--count", "1000", "--rtt", "20")
+    figure(output, "sub_msgs_per_s")
+    figure(output, "bare_sub_msgs_per_s")
+
+
+def test_the_throughput_benchmark_says_publishers_is_a_mode_of_pub() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "throughput.py"), "sub", "--publishers", "2"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[-1].endswith("--publishers is a mode of pub")
+
+
+@real
+def test_the_latency_benchmark_runs_across_a_round_trip(nsqd: Nsqd) -> None:
+    """Through the delay proxy, every round trip takes the delay: each p50 is at least 20 ms,
+    the bare loop's too (it goes through the same proxy)."""
+    output = run(
+        str(BENCHMARKS / "latency.py"),
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--count",
+        "20",
+        "--rtt",
+        "20",
+    )
+    for name in ("round_trip", "end_to_end"):
+        found = re.search(rf"^{name}: client p50=(\d+)us .* bare p50=(\d+)us", output, re.M)
+        assert found, output
+        assert int(found[1]) >= 20_000 and int(found[2]) >= 20_000, output
+
+
+@real
 def test_the_latency_and_blocking_benchmarks_run_against_a_real_nsqd(nsqd: Nsqd) -> None:
     address = nsqd.tcp_address
     output = run(str(BENCHMARKS / "latency.py"), "--nsqd-tcp-address", address, "--count", "200")
