@@ -274,6 +274,14 @@ def test_sigterm_under_load_stops_gracefully_and_loses_nothing(
         assert "Traceback" not in first.stderr
     done = handled(app)
     assert not [body for body, n in Counter(done).items() if n > 1]  # each once
+    # the worker's last line counts what nsqd sees: every message received was answered
+    last = re.search(
+        r"worker stopped: received (\d+), finished (\d+), requeued (\d+)", first.stderr
+    )
+    assert last is not None, first.stderr
+    received, finished, requeued = map(int, last.groups())
+    assert finished == len(done)
+    assert received == finished + requeued
     assert set(done) <= set(bodies)
     wait_until(lambda: in_flight_zero(nsqd, topic, "load"), 5, "nothing in flight")
     stats = channel_stats(nsqd, topic, "load")
