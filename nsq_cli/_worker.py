@@ -144,9 +144,11 @@ def _non_negative_seconds(text: str) -> float:
 
 
 def _attempts(text: str) -> int:
-    """A whole number of 0 (no limit) or more."""
-    if not (text.isascii() and text.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 0 (no limit) or more")
+    """A whole number from 0 (no limit) to 65535."""
+    if not (text.isascii() and text.isdigit() and int(text) <= 65535):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number from 0 (no limit) to 65535"
+        )
     return int(text)
 
 
@@ -280,6 +282,46 @@ OPTIONS: tuple[_Option, ...] = (
         metavar="SECONDS",
     ),
     _Option(
+        "--lookupd-poll-interval",
+        "NSQ_LOOKUPD_POLL_INTERVAL",
+        _seconds,
+        "seconds between two queries of nsqlookupd",
+        shown="60",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--dial-timeout",
+        "NSQ_DIAL_TIMEOUT",
+        _seconds,
+        "seconds a connection to nsqd may take to open",
+        shown="1",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--reconnect-delay",
+        "NSQ_RECONNECT_DELAY",
+        _seconds,
+        "seconds before a lost nsqd given by address is connected to again, doubling",
+        shown="8",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--max-reconnect-delay",
+        "NSQ_MAX_RECONNECT_DELAY",
+        _seconds,
+        "the longest reconnect delay, in seconds",
+        shown="30",
+        metavar="SECONDS",
+    ),
+    _Option(
+        "--heartbeat-interval",
+        "NSQ_HEARTBEAT_INTERVAL",
+        _seconds,
+        "seconds between nsqd's heartbeats (1 to 60)",
+        shown="30",
+        metavar="SECONDS",
+    ),
+    _Option(
         "--msg-timeout",
         "NSQ_MSG_TIMEOUT",
         _seconds,
@@ -328,6 +370,11 @@ OPTIONS: tuple[_Option, ...] = (
 #: the settings that are consumer options of the same name
 _CONSUMER_OPTIONS = (
     "max_attempts",
+    "lookupd_poll_interval",
+    "dial_timeout",
+    "reconnect_delay",
+    "max_reconnect_delay",
+    "heartbeat_interval",
     "default_requeue_delay",
     "max_requeue_delay",
     "backoff",
