@@ -373,6 +373,8 @@ def test_a_second_signal_stops_at_once_and_requeues_what_was_held(
         code, seconds = running.wait(timeout=30)
         assert code == status, running.stderr
         assert seconds < 15, running.stderr
+        # its own way out, every message held given back (not the 10 s backstop's exit)
+        assert "worker stopped: received 50, finished 0, requeued 50," in running.stderr
         assert "Traceback" not in running.stderr
     wait_until(lambda: in_flight_zero(nsqd, topic, "twice"), 10, "nothing in flight")
     stats = channel_stats(nsqd, topic, "twice")
