@@ -7,13 +7,19 @@ without them.  CI sets it.
 
 The suite runs on ``-n auto`` pytest-xdist workers (``pyproject.toml``; ``-n 0`` runs it in
 one process, for ``--pdb`` say); the Spark tests share one worker (one Spark at a time on the
-machine).  The fault suite's figures come back with each test's report and are printed at the
-end of the run."""
+machine), and a test marked ``alone`` (the standalone Spark cluster's: seven JVMs starve two
+cores on their own) runs while no other test of the run does: the other workers wait before
+their next test.  The figures that tests report (``record_property("figure", ...)``: the fault
+suite's, the cluster's) come back with each test's report and are printed at the end of the
+run."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-from collections.abc import Generator
+import tempfile
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -43,6 +49,65 @@ def pytest_runtest_makereport(
         report.longrepr = f"a real-server test was skipped under --require-real-servers: {reason}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "alone: runs while no other test of the run does (the other pytest-xdist workers "
+        "wait before their next test)",
+    )
+
+
+class _Turns:
+    """Across the pytest-xdist workers of one run (a file named after the run): a test marked
+    ``alone`` takes the turnstile (byte 0 of the file), so that no test starts, then waits for
+    the tests running to end (byte 1, which each test holds shared while it runs)."""
+
+    def __init__(self, run: str) -> None:
+        self.path = os.path.join(tempfile.gettempdir(), f"nsq-sansio-tests-{run}.lock")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    @contextlib.contextmanager
+    def hold(self, alone: bool) -> Iterator[None]:
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, 0)
+        if not alone:  # through the turnstile: a test alone waiting for its turn goes first
+            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH, 1, 1)
+            try:
+                yield
+            finally:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 1)
+        finally:
+            if alone:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, 0)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+_turns: _Turns | None = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    global _turns
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: nothing runs beside
+        yield
+        return
+    if _turns is None:
+        _turns = _Turns(run)
+    with _turns.hold(item.get_closest_marker("alone") is not None):
+        yield
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _turns is not None:
+        _turns.close()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # one Spark (a JVM of 1 GB and more, or a whole standalone cluster) at a time
     for item in items:
@@ -60,6 +125,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _FIGURES:
-        terminalreporter.section("fault suite figures")
+        terminalreporter.section("figures")
         for line in _FIGURES:
             terminalreporter.write_line(line)

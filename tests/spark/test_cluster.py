@@ -5,7 +5,14 @@ copies), and large bodies are bounded by bytes with the default options.  Run wh
 points at nsqd (or it is on PATH).
 
 The driver is ``tests/spark/driver.py`` in a process of its own (the test process has its own
-local Spark); the tests read what it wrote through Spark's file-sink log."""
+local Spark); the tests read what it wrote through Spark's file-sink log.
+
+A cluster of seven JVMs and their Python workers starves a 2-core machine on its own: these
+tests run alone (``alone``: no other test of the run at the same time, see tests/conftest.py),
+and they wait for rows as long as the query moves (its sink's log, its checkpoint, nsqd's
+counters, the cluster's applications), failing only when nothing moved for ``STALL`` seconds.
+The figures (seconds to the rows) are printed at the end of the run, with how starved the
+machine was when they are above their goals."""
 
 from __future__ import annotations
 
@@ -18,11 +25,13 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.load import CpuPressure, wait_while_moving
 
 from ._cluster import ROOT, Cluster, spark_env
 from .helpers import wait_for
@@ -31,10 +40,13 @@ from .test_driver_restarts import NSQD, RealNSQD, _alive, _descendants
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.real_nsqd,
+    pytest.mark.alone,
     pytest.mark.skipif(not NSQD, reason="no real nsqd: set NSQD to the binary to run these"),
 ]
 
 CHANNEL = "spark"
+#: seconds without any sign of the query moving after which a wait fails
+STALL = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +102,19 @@ def stats(node: RealNSQD, topic: str) -> dict[str, Any] | None:
             if c["channel_name"] == CHANNEL:
                 return dict(c)
     return None
+
+
+def _waiting(node: RealNSQD, topic: str) -> int:
+    """Messages on the channel (ready or in flight), or on the topic if it has no channel."""
+    url = f"http://{node.http}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        data = json.load(response)
+    for t in data["topics"]:
+        for c in t["channels"]:
+            if c["channel_name"] == CHANNEL:
+                return int(c["depth"]) + int(c["in_flight_count"])
+        return int(t["depth"])
+    return 0
 
 
 class Driver:
@@ -196,6 +221,68 @@ class Driver:
 
     def rows(self) -> list[dict[str, Any]]:
         return [row for batch in self.batches() for row in batch]
+
+    def committed(self) -> int:
+        """How many batches the sink's log holds (cheap: a directory listing)."""
+        log = self.out / "_spark_metadata"
+        return len(list(log.iterdir())) if log.exists() else 0
+
+    def activity(self, nodes: list[RealNSQD], topic: str, cluster: Cluster) -> tuple[Any, ...]:
+        """What changes while the query works: the sink's log, the checkpoint's files, the
+        driver's log, nsqd's counters of the channel (its backlog drains as the consumers take
+        it; a publisher that waits for the backlog to drain publishes no more), and the
+        cluster's applications."""
+        files = sum(1 for _ in self.checkpoint.rglob("*")) if self.checkpoint.exists() else 0
+        log = (self.out.parent / "driver.log").stat().st_size
+        channels = []
+        for node in nodes:
+            try:
+                c = stats(node, topic)
+            except OSError:
+                c = None
+            keys = ("depth", "in_flight_count", "requeue_count", "timeout_count")
+            channels.append(
+                None if c is None else (*[c.get(k) for k in keys], len(c.get("clients") or []))
+            )
+        try:
+            apps = [
+                (a.get("id"), a.get("state"), a.get("cores"))
+                for a in cluster.state().get("activeapps", [])
+            ]
+        except (OSError, ValueError):
+            apps = []
+        return (self.committed(), files, log, tuple(channels), tuple(apps))
+
+    def wait_rows(
+        self,
+        nodes: list[RealNSQD],
+        topic: str,
+        cluster: Cluster,
+        done: Callable[[list[dict[str, Any]]], bool],
+        what: str,
+    ) -> list[dict[str, Any]]:
+        """The rows committed, once ``done(rows)``; fails when the query did not move (see
+        :meth:`activity`) for ``STALL`` seconds, or the driver ended."""
+        rows: list[dict[str, Any]] = []
+        seen = -1
+
+        def ready() -> bool:
+            nonlocal rows, seen
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the driver ended with status {self.proc.returncode}")
+            committed = self.committed()
+            if committed != seen:  # the rows again only when a batch was committed
+                seen, rows = committed, self.rows()
+            return done(rows)
+
+        wait_while_moving(
+            ready,
+            lambda: self.activity(nodes, topic, cluster),
+            stall=STALL,
+            interval=0.5,
+            what=what,
+        )
+        return rows
 
 
 def _socket_pids(pids: Iterable[int] | None = None) -> dict[int, int]:
@@ -372,7 +459,10 @@ def _executor_jvm_of(pid: int, cluster: Cluster) -> int | None:
 
 
 def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
-    spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
+    spark_cluster: Cluster,
+    two_nsqd: list[RealNSQD],
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     topic = f"cluster-{time.monotonic_ns()}"
     sent: list[bytes] = []
@@ -385,15 +475,23 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
             counts[i] += size
             sent.extend(bodies)
 
+    def backlog() -> int:
+        """The most messages waiting on one nsqd: on the channel, or on the topic while the
+        channel does not exist yet (the source creates it when it first plans)."""
+        return max(_waiting(node, topic) for node in two_nsqd)
+
     publish_chunk(200)
     # the sender publishes slowly until a second after the kill: batches (and tasks holding
     # messages) follow one another whenever the test looks for an executor to kill, however
-    # long Spark took to start
+    # long Spark took to start; while the query is slower than the sender (starting, or on a
+    # starved machine) it waits for the backlog to drain, so that what the drill must read
+    # in the end does not grow with the time Spark took
     killed_at = threading.Event()
 
     def publish_until_after_the_kill() -> None:
         while not killed_at.is_set():
-            publish_chunk(50)
+            if backlog() < 500:
+                publish_chunk(50)
             time.sleep(0.1)
         for _ in range(10):
             publish_chunk(10)
@@ -410,46 +508,72 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
         msg_timeout=5,
         max_messages_per_trigger=1000,
     )
+    pressure = CpuPressure()
     watch = ClientWatch(two_nsqd, topic, spark_cluster, driver.proc.pid)
-    killed: int | None = None
+    started = time.monotonic()
     sender.start()
     try:
         # a few batches in, while a task holds messages: kill -9 the executor holding them
-        wait_for(lambda: len(driver.rows()) >= 200, timeout=120, interval=0.1)
-
+        driver.wait_rows(
+            two_nsqd, topic, spark_cluster, lambda r: len(r) >= 200, "the first 200 rows"
+        )
+        first_rows_s = time.monotonic() - started
         try:
-            killed = wait_for(
-                lambda: _executor_connected_to(two_nsqd, spark_cluster), timeout=120, interval=0.01
+            # a task holds its connections for milliseconds: look every 10 ms, over as many
+            # batches as it takes (a hundred at most)
+            batches = driver.committed()
+            caught: list[int] = []
+
+            def holding() -> bool:
+                jvm = _executor_connected_to(two_nsqd, spark_cluster)
+                if jvm is not None:
+                    caught.append(jvm)
+                return bool(caught) or driver.committed() > batches + 100
+
+            wait_while_moving(
+                holding, driver.committed, stall=STALL, interval=0.01, what="a task caught"
             )
-            assert killed is not None
-            victims = _descendants(killed)
+            assert caught, "over 100 batches, no task was caught holding a connection"
+            victims = _descendants(caught[0])
             for pid in _alive(victims):
                 os.kill(pid, signal.SIGKILL)
         finally:
             killed_at.set()
+        killed_s = time.monotonic()
         sender.join(60)
         assert not sender.is_alive()
         assert len(driver.rows()) < len(sent), "the executor should die mid-stream"
         # what the dead task held comes back after msg_timeout
         expected = set(sent)
         try:
-            rows = wait_for(
-                lambda: (r := driver.rows()) and {x["body"] for x in r} == expected and r,
-                timeout=150,
-                interval=0.5,
+            rows = driver.wait_rows(
+                two_nsqd,
+                topic,
+                spark_cluster,
+                lambda r: {x["body"] for x in r} == expected,
+                f"every one of {len(expected)} messages written",
             )
         except AssertionError as exc:
             missing = expected - {x["body"] for x in driver.rows()}
             raise AssertionError(
                 f"{len(missing)} of {len(expected)} messages never written "
-                f"(e.g. {sorted(missing)[:5]}); nsqd: {[stats(n, topic) for n in two_nsqd]}; "
-                f"driver exit status: {driver.proc.poll()}"
+                f"(e.g. {sorted(missing)[:5]}): {exc}; nsqd: "
+                f"{[stats(n, topic) for n in two_nsqd]}; driver exit status: "
+                f"{driver.proc.poll()}; {pressure.describe()}"
             ) from exc
+        after_kill_s = time.monotonic() - killed_s
     finally:
         killed_at.set()
         sender.join(60)
         watch.stop()
         driver.stop()
+    _figure(
+        record_property,
+        pressure,
+        f"cluster: executor killed, {len(sent)} messages",
+        first_200_rows_s=(first_rows_s, 120.0),
+        all_rows_after_the_kill_s=(after_kill_s, 60.0),
+    )
     copies = collections.Counter(r["body"] for r in rows)
     assert [b for b, c in copies.items() if c > 1] == []  # not one duplicate
     assert sorted(copies) == sorted(sent)
@@ -461,8 +585,25 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
         assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)
 
 
+def _figure(
+    record_property: Callable[[str, object], None],
+    pressure: CpuPressure,
+    what: str,
+    **figures: tuple[float, float],
+) -> None:
+    """Report each figure (seconds) with its goal, printed at the end of the run; one above
+    its goal says whether the machine was starved meanwhile."""
+    shown = " ".join(f"{k}={v:.1f}" for k, (v, _) in figures.items())
+    late = [pressure.against_goal(k, v, goal) for k, (v, goal) in figures.items()]
+    note = "; ".join(line for line in late if line)
+    record_property("figure", f"{what}: {shown}" + (f" note={note}" if note else ""))
+
+
 def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
-    spark_cluster: Cluster, two_nsqd: list[RealNSQD], tmp_path: Path
+    spark_cluster: Cluster,
+    two_nsqd: list[RealNSQD],
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     topic, per_node, size = f"cluster-large-{time.monotonic_ns()}", 700, 200_000
     sent: list[bytes] = []
@@ -470,6 +611,8 @@ def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
         bodies = [f"n{i}-{j:05d}-".encode().ljust(size, b"x") for j in range(per_node)]
         publish(node, topic, bodies)
         sent.extend(b[:12] for b in bodies)
+    pressure = CpuPressure()
+    started = time.monotonic()
     driver = Driver(
         spark_cluster.master,
         two_nsqd,
@@ -478,10 +621,22 @@ def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
         "substr(body, 1, 12) as head;id;spark_partition_id() as task",
     )
     try:
-        wait_for(lambda: {r["head"] for r in driver.rows()} == set(sent), timeout=150, interval=0.5)
+        driver.wait_rows(
+            two_nsqd,
+            topic,
+            spark_cluster,
+            lambda r: {x["head"] for x in r} == set(sent),
+            f"every one of {len(sent)} large messages written",
+        )
         batches = [b for b in driver.batches() if b]
     finally:
         driver.stop()
+    _figure(
+        record_property,
+        pressure,
+        f"cluster: {len(sent)} bodies of {size} bytes",
+        all_rows_s=(time.monotonic() - started, 90.0),
+    )
     heads = collections.Counter(r["head"] for b in batches for r in b)
     assert sorted(heads) == sorted(sent) and set(heads.values()) == {1}
     # 280 MB of bodies: batches of at most max_bytes_per_trigger (256 MiB) each, in tasks of
@@ -552,7 +707,13 @@ def test_speculative_copies_of_a_slow_task_lose_and_duplicate_nothing(
     )
     try:
         expected = set(sent)
-        wait_for(lambda: {x["body"] for x in driver.rows()} == expected, timeout=150, interval=0.5)
+        driver.wait_rows(
+            two_nsqd,
+            topic,
+            two_host_cluster,
+            lambda r: {x["body"] for x in r} == expected,
+            f"every one of {len(expected)} messages written",
+        )
     finally:
         driver.stop()
     copies = collections.Counter(r["body"] for r in driver.rows())  # all it wrote, stopped
