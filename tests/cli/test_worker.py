@@ -579,6 +579,7 @@ def test_options_come_from_the_environment_flags_win_and_the_secret_is_masked(
         running.signal(signal.SIGTERM)
         assert running.wait(timeout=45)[0] == 0, running.stderr
     assert "hunter2" not in running.stderr
+    assert running.stderr.count("worker starting:") == 1
     assert channel_stats(nsqd, topic, "from-env")["depth"] == 0
 
 
