@@ -7,6 +7,8 @@ import gc
 import logging
 import pickle
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
@@ -649,6 +651,38 @@ def test_record_batch_columns() -> None:
             assert (row["partition"], row["trace_id"]) == (m.partition, core.trace_id)
     ids = [r["id"] for r in record_batch(cases["partitioned"], arrow_schema, "t").to_pylist()]
     assert ids[2:] == ["0001" + "ff" * 14, "6162" + "7f" + "6364"]
+
+
+def test_a_tasks_rows_are_built_without_importing_pandas() -> None:
+    """pyarrow imports pandas (when installed) the first time it converts a Python list or
+    scalar: most of the first second of each Python worker's first task.  The rows are built
+    from their buffers instead."""
+    code = """if True:
+        import sys
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+        import nsq_proto
+        from types import SimpleNamespace
+        from nsq_spark import SCHEMA
+        from nsq_spark._source import message_ids, record_batch
+
+        def stand_in(core, nsqd, partition):
+            return SimpleNamespace(raw=core, id=core.id, nsqd_address=nsqd, partition=partition)
+
+        schema = to_arrow_schema(SCHEMA, timezone="UTC")
+        for partition, trace_id, ident in ((None, None, b"0a1b2c3d4e5f6071"), (3, 9, b"\\x00")):
+            core = nsq_proto.Message(ident, 7_999, 1, b"b", trace_id=trace_id)
+            messages = [stand_in(core, "a:1", partition)] * 3
+            ids = message_ids(messages)
+            batch = record_batch(messages, schema, "t", ids=ids)
+            table = pa.Table.from_batches([batch]).append_column("_id", ids)
+            table.replace_schema_metadata({"k": "v"}).to_batches()
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "pandas")[:3])
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 # -- the sink's batching ---------------------------------------------------------------------
