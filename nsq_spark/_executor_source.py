@@ -719,8 +719,10 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         )
         if not parts:
             # Spark asks again at once (every 10 ms with the default trigger): an idle query
-            # would keep the driver, its source runner and nsqd busy answering
-            time.sleep(IDLE_POLL_INTERVAL)
+            # would keep the driver, its source runner and nsqd busy answering; an empty plan
+            # ends an availableNow run, at once
+            if self._available_now is None:
+                time.sleep(IDLE_POLL_INTERVAL)
             return start
         run = start.get("run") or self._run or uuid.uuid4().hex
         self._run = run

@@ -235,6 +235,39 @@ def test_available_now_plans_again_what_tasks_left_of_their_plan(
     assert emulator.channel_stats(topic, "c").depth == 5  # published after the run began
 
 
+def test_available_now_ends_without_the_idle_pause(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The empty plan that ends an ``availableNow`` run is answered at once: the pause
+    between two looks at an idle topic (100 ms) is for a query that goes on."""
+    import nsq_spark._executor_source as source
+
+    pauses: list[float] = []
+
+    class Clock:  # the module's time, its pauses noted and skipped
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def sleep(self, seconds: float) -> None:
+            pauses.append(seconds)
+
+    monkeypatch.setattr(source, "time", Clock())
+    topic = "exec-available-now-end"
+    emulator.publish(topic, [b"a", b"b"])
+    r = reader(emulator, topic, tmp_path)
+    start = r.initialOffset()
+    r.prepareForTriggerAvailableNow()
+    end, parts = plan_next(r, start)
+    assert sorted(row["body"] for p in parts for row in rows(r, p)) == [b"a", b"b"]
+    r.commit(end)
+    assert r.latestOffset(end, r.getDefaultReadLimit()) == end  # the run ends here
+    assert pauses == []
+    # a query that goes on pauses before it looks again
+    other = reader(emulator, "exec-idle-pause", tmp_path)
+    assert other.latestOffset(other.initialOffset(), other.getDefaultReadLimit()) == {"batch": 0}
+    assert pauses == [source.IDLE_POLL_INTERVAL]
+
+
 def test_an_idle_topic_makes_no_batch(emulator: Emulator, tmp_path: Path) -> None:
     r = reader(emulator, "exec-idle", tmp_path)
     start = r.initialOffset()
