@@ -66,7 +66,13 @@ class Producer(ClientBase):
             lookupd_http_addresses=lookupd_http_addresses,
             rng=rng,
         )
-        self._drive(self._core, self._on_event, self.config.write_timeout)
+        # a write that waits on the peer holds up the publishes behind it: no longer than a
+        # publish may wait
+        self._drive(
+            self._core,
+            self._on_event,
+            min(self.config.write_timeout, self.config.publish_timeout),
+        )
         self._waiters: dict[int, _Waiter] = {}
         #: set once no publish waits (what :meth:`aclose` waits for; a publish's own event
         #: has its publisher as its one waiter)
@@ -115,8 +121,9 @@ class Producer(ClientBase):
         self._waiters[request_id] = waiter
         try:
             if not self._core.held_back:
-                # written from this task: no hop to the pump task on the way out
-                await self._runner.drain_here()
+                # written from this task: no hop to the pump task on the way out (and no
+                # wait for another task's write: the answer's wait is bounded by the deadline)
+                await self._runner.drain_here(wait=False)
             await waiter.done.wait()
         finally:
             waiters = self._waiters

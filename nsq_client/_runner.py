@@ -422,12 +422,13 @@ class CoreRunner:
             self._woken = True
             self._wake.set()
 
-    async def drain_here(self) -> None:
+    async def drain_here(self, *, wait: bool = True) -> None:
         """Carry out the core's outputs in the calling task, now: what a call into the core
         produced goes out without a hop to the pump task (the latency of a publish, of a
         read).  Wakes the pump task when the core's next deadline moved before the one it
-        sleeps until."""
-        while (waiting := self._carry_out(None, wait=True)) is not None:
+        sleeps until.  Without ``wait``, bytes handed to another task's write under way are
+        not waited for (a publish waits for its answer, bounded by its own deadline)."""
+        while (waiting := self._carry_out(None, wait=wait)) is not None:
             await waiting
         deadline = self.core.next_deadline()
         if deadline is not None and deadline < self._sleeping_until:

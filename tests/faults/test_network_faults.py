@@ -261,6 +261,45 @@ async def test_half_open_mid_publish(
     assert not missing, f"{len(missing)} acknowledged, not in nsqd: {missing[:5]}"
 
 
+async def test_no_publish_waits_past_publish_timeout_for_a_write_to_a_silent_nsqd(
+    nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """nsqd goes silent with the default heartbeat (30 s: the connection is not judged dead
+    for a minute) while 40 bodies of 512 KiB fill the socket buffers towards it: a write then
+    waits on the peer, and each publish still returns or raises within ``publish_timeout``
+    (3 s, below the write timeout of 10 s), not when the write gives up."""
+    outcomes: list[tuple[str, float]] = []
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        async with lib.Producer(
+            nsqd_tcp_addresses=[proxy.address],
+            publish_timeout=PUBLISH_TIMEOUT,
+            max_outstanding=40,
+        ) as producer:
+            await producer.publish(topic, b"connected")
+            proxy.half_open()
+
+            async def publish() -> None:
+                started = now()
+                try:
+                    await producer.publish(topic, b"y" * 512 * 1024)
+                    outcomes.append(("ok", now() - started))
+                except lib.NSQError as exc:
+                    outcomes.append((type(exc).__name__, now() - started))
+
+            with anyio.fail_after(WAIT + 30):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(40):
+                        tg.start_soon(publish)
+    longest = max(seconds for _, seconds in outcomes)
+    report(
+        f"real nsqd: silent mid-publish, default heartbeat [{way[0]}/{way[1]}]",
+        longest_publish_s=longest,
+        outcomes=sorted(Counter(kind for kind, _ in outcomes).items()),
+    )
+    assert len(outcomes) == 40
+    assert longest < PUBLISH_TIMEOUT + SLACK, sorted(outcomes, key=lambda o: o[1])[-3:]
+
+
 # ---------------------------------------------------------------------------------- delay
 
 
