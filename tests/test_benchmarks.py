@@ -164,6 +164,15 @@ def test_the_spark_benchmark_says_what_reading_on_the_executors_needs() -> None:
     )
 
 
+@pytest.mark.spark
+def test_the_spark_startup_benchmark_runs() -> None:
+    pytest.importorskip("pyspark")
+    output = run(str(BENCHMARKS / "spark_startup.py"), "--count", "20", timeout=400.0)
+    figure(output, "spark_startup_session_s")
+    figure(output, "spark_startup_query_s")
+    figure(output, "spark_startup_first_output_s")
+
+
 @real
 @pytest.mark.spark
 def test_the_spark_benchmark_runs_against_a_real_nsqd(nsqd: Nsqd) -> None:
