@@ -24,7 +24,6 @@ import inspect
 import ipaddress
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -45,7 +44,13 @@ import anyio.lowlevel
 
 import nsq_proto
 from nsq_anyio import Consumer, Producer
-from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
+
+from ._values import address as _address
+from ._values import channel_name as _channel_name
+from ._values import count as _count
+from ._values import seconds as _seconds
+from ._values import tls_context
+from ._values import topic_name as _topic_name
 
 __all__ = ["main", "serve_main"]
 
@@ -64,26 +69,8 @@ class _Failure(Exception):
 # -- argparse types: a bad value is a usage error (exit status 2) -------------------------------
 
 
-def _count(text: str) -> int:
-    """A whole number of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A finite number of seconds above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    return tls_context(args, _Failure)
 
 
 def _port(text: str) -> int:
@@ -104,30 +91,6 @@ def _loopback(text: str) -> str:
             f"{text!r} is not a loopback address (127.0.0.1, ::1 or localhost): "
             "the emulator serves this machine only"
         )
-    return text
-
-
-def _address(text: str) -> str:
-    """``host:port`` (``[v6]:port``), without a scheme or a path."""
-    try:
-        nsq_proto.parse_address(text)
-    except nsq_proto.ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-_NAME_RULE = "1 to 64 of a-z A-Z 0-9 . _ - with an optional #ephemeral suffix"
-
-
-def _topic_name(text: str) -> str:
-    if not is_valid_topic_name(text):
-        raise argparse.ArgumentTypeError(f"topic name {text!r} is not valid ({_NAME_RULE})")
-    return text
-
-
-def _channel_name(text: str) -> str:
-    if not is_valid_channel_name(text):
-        raise argparse.ArgumentTypeError(f"channel name {text!r} is not valid ({_NAME_RULE})")
     return text
 
 
@@ -164,19 +127,6 @@ def _backend(parser: argparse.ArgumentParser) -> None:
         default="asyncio",
         help="event loop (default: %(default)s)",
     )
-
-
-def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if not (args.tls or args.tls_ca or args.tls_insecure):
-        return None
-    try:
-        context = ssl.create_default_context(cafile=args.tls_ca)
-    except (OSError, ssl.SSLError) as exc:
-        raise _Failure(f"cannot read --tls-ca {args.tls_ca}: {exc.strerror or exc}") from None
-    if args.tls_insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:

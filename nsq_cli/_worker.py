@@ -42,7 +42,13 @@ import anyio.to_thread
 
 import nsq_proto
 from nsq_anyio import Consumer, Message
-from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
+
+from ._values import address as _address
+from ._values import channel_name as _channel_name
+from ._values import count as _count
+from ._values import seconds as _seconds
+from ._values import tls_context
+from ._values import topic_name as _topic_name
 
 __all__ = ["WorkerState", "add_worker_parser", "check_worker_usage", "run_worker"]
 
@@ -57,70 +63,12 @@ _HARD_STOP_BACKSTOP = 10.0
 # -- values: a bad one is a usage error (exit status 2), as the other subcommands' are --------
 
 
-def _count(text: str) -> int:
-    """A whole number of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """A finite number of seconds above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
-
-
-def _address(text: str) -> str:
-    """``host:port`` (``[v6]:port``), without a scheme or a path."""
-    try:
-        nsq_proto.parse_address(text)
-    except nsq_proto.ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-_NAME_RULE = "1 to 64 of a-z A-Z 0-9 . _ - with an optional #ephemeral suffix"
-
-
-def _topic_name(text: str) -> str:
-    if not is_valid_topic_name(text):
-        raise argparse.ArgumentTypeError(f"topic name {text!r} is not valid ({_NAME_RULE})")
-    return text
-
-
-def _channel_name(text: str) -> str:
-    if not is_valid_channel_name(text):
-        raise argparse.ArgumentTypeError(f"channel name {text!r} is not valid ({_NAME_RULE})")
-    return text
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
 
 
 def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if not (args.tls or args.tls_ca or args.tls_insecure):
-        return None
-    try:
-        context = ssl.create_default_context(cafile=args.tls_ca)
-    except (OSError, ssl.SSLError) as exc:
-        # a runtime error: one line, exit status 1
-        raise nsq_proto.ConfigError(
-            f"cannot read --tls-ca {args.tls_ca}: {exc.strerror or exc}"
-        ) from None
-    if args.tls_insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+    return tls_context(args, nsq_proto.ConfigError)
 
 
 def _boolean(text: str) -> bool:
