@@ -45,14 +45,6 @@ def topic(way: tuple[str, str]) -> str:
 
 
 @pytest.fixture
-def nsqd() -> Iterator[Nsqd]:
-    server = Nsqd()
-    server.start()
-    yield server
-    server.cleanup()
-
-
-@pytest.fixture
 def nsqds() -> Iterator[list[Nsqd]]:
     servers = [Nsqd(), Nsqd()]
     try:

@@ -9,7 +9,6 @@ import ssl
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -34,14 +33,6 @@ pytestmark = [
 @pytest.fixture
 def topic(way: tuple[str, str]) -> str:
     return f"f_{way[0]}_{way[1]}_{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def nsqd() -> Iterator[Nsqd]:
-    server = Nsqd()
-    server.start()
-    yield server
-    server.cleanup()
 
 
 async def test_kill_mid_consume(
