@@ -21,9 +21,7 @@ logs as a one-line summary every ``--stats-interval`` seconds on the ``nsq.worke
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
-import inspect
 import logging
 import math
 import os
@@ -42,6 +40,7 @@ import anyio.to_thread
 
 import nsq_proto
 from nsq_anyio import Consumer, Message
+from nsq_client._message import is_async_callable
 
 from ._values import address as _address
 from ._values import channel_name as _channel_name
@@ -433,16 +432,6 @@ class HandlerError(Exception):
     """The handler cannot be loaded: one ``error:`` line, exit status 2."""
 
 
-def _is_async(handler: object) -> bool:
-    """An ``async def`` function, an object whose ``__call__`` is one, or a partial of either."""
-    target = handler
-    while isinstance(target, functools.partial):
-        target = target.func
-    if inspect.iscoroutinefunction(target):
-        return True
-    return inspect.iscoroutinefunction(getattr(type(target), "__call__", None))  # noqa: B004
-
-
 def load_handler(spec: str) -> Callable[[Message], Any]:
     """The object ``spec`` (``package.module:name``, the name may be dotted) names; a
     :class:`HandlerError` saying why it cannot be used."""
@@ -590,7 +579,7 @@ class _Worker:
         self.function = handler
 
     async def main(self) -> int:
-        if _is_async(self.function):
+        if is_async_callable(self.function):
             inner: Callable[[Message], Awaitable[None]] = self.function
         else:
             inner = _in_threads(self.function, anyio.CapacityLimiter(self.args.concurrency))
@@ -672,7 +661,7 @@ class _Worker:
     async def _consume(self) -> None:
         args = self.args
         consumer = Consumer(args.topic, args.channel, **_consumer_options(args))
-        kind = "async" if _is_async(self.function) else "plain, run in threads"
+        kind = "async" if is_async_callable(self.function) else "plain, run in threads"
         log.info("%s", _configuration(args, consumer, kind))
         start = time.monotonic()
         try:
