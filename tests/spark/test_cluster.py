@@ -319,23 +319,6 @@ def _tcp_inodes(ports: set[int], *, remote: bool = False) -> set[int]:
     return inodes
 
 
-def _client_pids(nodes: list[RealNSQD], topic: str) -> set[int]:
-    """The processes holding the TCP connections that nsqd lists as clients of the channel."""
-    ports = set()
-    for node in nodes:
-        url = f"http://{node.http}/stats?format=json&topic={topic}&channel={CHANNEL}"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            data = json.load(response)
-        for t in data["topics"]:
-            for c in t["channels"]:
-                for client in c.get("clients") or []:
-                    ports.add(int(client["remote_address"].rpartition(":")[2]))
-    if not ports:
-        return set()
-    holders = _socket_pids()
-    return {holders[i] for i in _tcp_inodes(ports) if i in holders}
-
-
 def _executor_connected_to(nodes: list[RealNSQD], cluster: Cluster) -> int | None:
     """The executor JVM of a process with an open connection to one of ``nodes``' TCP ports
     (a task that is taking messages), or None.
@@ -356,55 +339,6 @@ def _executor_connected_to(nodes: list[RealNSQD], cluster: Cluster) -> int | Non
             if jvm is not None:
                 return jvm
     return None
-
-
-def _ancestors(pid: int) -> list[int]:
-    chain = []
-    while pid > 1:
-        chain.append(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            break
-    return chain
-
-
-class ClientWatch:
-    """Samples, while the query runs, which processes hold nsqd's client connections, and
-    whose they are: ``executor`` (below an executor JVM of a worker), ``driver`` (below the
-    driver's process) or ``other``."""
-
-    def __init__(
-        self, nodes: list[RealNSQD], topic: str, cluster: Cluster, driver_pid: int
-    ) -> None:
-        self.owners: dict[int, str] = {}
-        self._cluster = cluster
-        self._driver = driver_pid
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(nodes, topic), daemon=True)
-        self._thread.start()
-
-    def _owner(self, pid: int) -> str:
-        chain = _ancestors(pid)
-        if self._driver in chain:
-            return "driver"
-        if _executor_jvm_of(pid, self._cluster) is not None and set(chain) & set(
-            self._cluster.worker_pids
-        ):
-            return "executor"
-        return "other"
-
-    def _run(self, nodes: list[RealNSQD], topic: str) -> None:
-        while not self._stop.wait(0.05):
-            try:
-                for pid in _client_pids(nodes, topic) - set(self.owners):
-                    self.owners[pid] = self._owner(pid)
-            except OSError:
-                continue
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 class ConnectionOwners:
@@ -509,7 +443,7 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
         max_messages_per_trigger=1000,
     )
     pressure = CpuPressure()
-    watch = ClientWatch(two_nsqd, topic, spark_cluster, driver.proc.pid)
+    watch = ConnectionOwners(two_nsqd, spark_cluster, driver.proc.pid)
     started = time.monotonic()
     sender.start()
     try:
@@ -579,7 +513,9 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
     assert sorted(copies) == sorted(sent)
     assert {r["nsqd"] for r in rows} == {n.address for n in two_nsqd}
     # the connections to nsqd were the executors' (their Python workers), never the driver's
-    assert watch.owners and set(watch.owners.values()) == {"executor"}, watch.owners
+    # (sampled from /proc/net/tcp every 10 ms: nsqd's /stats then every process was too slow to
+    # see a task's connection of a few milliseconds on a loaded machine)
+    assert watch.seen["executor"] > 0 and watch.seen["driver"] == 0, watch.seen
     for node in two_nsqd:
         final = stats(node, topic)
         assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)
