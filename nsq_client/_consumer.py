@@ -35,6 +35,8 @@ from ._client import ClientBase
 from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin, check_handler
 from ._options import ConsumerOptions, build_config, chose_max_in_flight
 from ._stats import ConsumerStats
+from ._telemetry import consumers as _consumers
+from ._telemetry import hooks as _telemetry
 
 __all__ = ["Consumer"]
 
@@ -102,6 +104,7 @@ class Consumer(ClientBase):
         self._told_topic_missing = False
         self._answers_refused = 0
         self._closes_unconfirmed = 0
+        _consumers.add(self)  # for nsq_client.otel's gauges, once instrumented
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         backend = self._backend
@@ -224,7 +227,10 @@ class Consumer(ClientBase):
             if origin is None:
                 origin = self._origin(event.conn_id)
             self._inbox.put(Message(origin, event.message))
-        elif isinstance(event, MessageGivenUp):
+            return
+        if _telemetry.active is not None:  # nsq_client.otel: connection and lookupd counters
+            _telemetry.active.consumer_event(self, event)
+        if isinstance(event, MessageGivenUp):
             message = Message(self._origin(event.conn_id), event.message)
             message._responded = event.finished
             log.warning("giving up on message %r after %d attempts", message.id, message.attempts)
@@ -329,6 +335,8 @@ class Consumer(ClientBase):
         message = await self._inbox.get()
         if message is None:
             raise StopAsyncIteration
+        if _telemetry.active is not None:  # nsq_client.otel: a span until it is answered
+            return _telemetry.active.received(self, message)
         return message
 
     async def get_many(self, max_messages: int) -> list[Message]:
@@ -407,7 +415,10 @@ class Consumer(ClientBase):
                 if message is None:
                     return
             try:
-                await handler(message)
+                if _telemetry.active is None:
+                    await handler(message)
+                else:  # nsq_client.otel: the handler inside a CONSUMER span
+                    await _telemetry.active.process(self, handler, message)
             except self._backend.cancelled_exc_class():
                 # run() was cancelled mid-handler: the message goes back at once, so that a
                 # stop does not wait stop_timeout for an answer that cannot come

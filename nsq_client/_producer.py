@@ -22,6 +22,7 @@ from ._backend import Backend, EventLike
 from ._client import ClientBase
 from ._options import ProducerOptions, build_config
 from ._stats import ProducerStats
+from ._telemetry import hooks as _telemetry
 
 __all__ = ["Producer"]
 
@@ -152,6 +153,21 @@ class Producer(ClientBase):
         """PUB (DPUB with ``delay`` seconds; PUB_TRACE with ``trace_id``, which returns the
         trace receipt).  Returns once nsqd acknowledged it."""
         self._check_open()
+        if _telemetry.active is not None:  # nsq_client.otel: a PRODUCER span around it
+
+            def send(ext: Mapping[str, Any] | None) -> int:
+                return self._core.publish(
+                    topic,
+                    body,
+                    self._clock(),
+                    delay=delay,
+                    partition=partition,
+                    sharding_key=sharding_key,
+                    trace_id=trace_id,
+                    ext=ext,
+                )
+
+            return await _telemetry.active.publish(self, topic, (body,), False, ext, send)
         rid = self._core.publish(
             topic,
             body,
@@ -176,6 +192,22 @@ class Producer(ClientBase):
     ) -> TraceReceipt | None:
         """MPUB (MPUB_TRACE with ``trace_ids``): all or nothing, once nsqd acknowledged it."""
         self._check_open()
+        if _telemetry.active is not None:  # nsq_client.otel: a PRODUCER span around it
+            batch = list(bodies)
+            traces = None if trace_ids is None else list(trace_ids)
+
+            def send_many(ext: Mapping[str, Any] | None) -> int:
+                return self._core.publish_many(
+                    topic,
+                    batch,
+                    self._clock(),
+                    partition=partition,
+                    sharding_key=sharding_key,
+                    trace_ids=traces,
+                    ext=ext,
+                )
+
+            return await _telemetry.active.publish(self, topic, batch, True, ext, send_many)
         rid = self._core.publish_many(
             topic,
             bodies,

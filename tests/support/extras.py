@@ -12,9 +12,13 @@ from collections.abc import Iterable
 from . import ROOT
 
 #: the top-level module a distribution installs, where its name says otherwise
-_MODULE = {"python-snappy": "snappy"}
+_MODULE = {
+    "python-snappy": "snappy",
+    "opentelemetry-api": "opentelemetry",
+    "opentelemetry-sdk": "opentelemetry",
+}
 #: the extras that install a part of the library (the others install tools: test, docs, dev)
-PARTS = ("snappy", "anyio", "trio", "spark", "connect")
+PARTS = ("snappy", "anyio", "trio", "spark", "connect", "otel")
 
 _PRELUDE = """\
 import sys
