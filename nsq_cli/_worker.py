@@ -16,6 +16,9 @@ stopped:
 
 The worker keeps its state in a :class:`WorkerState` (phase, connections, counters), which it
 logs as a one-line summary every ``--stats-interval`` seconds on the ``nsq.worker`` logger.
+With ``--http-address`` it also serves ``/healthz``, ``/readyz`` and ``/metrics`` over HTTP on
+its event loop (see :mod:`nsq_cli._probes`); an address that cannot be listened on is one
+``error:`` line and exit status 2, before any connection.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,7 @@ import anyio.to_thread
 
 import nsq_proto
 from nsq_anyio import Consumer, Message
+from nsq_client import ConsumerStats
 from nsq_client._message import is_async_callable
 
 from ._values import address as _address
@@ -187,6 +191,13 @@ OPTIONS: tuple[_Option, ...] = (
         "seconds between two summary lines",
         default=60.0,
         metavar="SECONDS",
+    ),
+    _Option(
+        "--http-address",
+        "NSQ_HTTP_ADDRESS",
+        _address,
+        "serve /healthz, /readyz and /metrics over HTTP at this address",
+        metavar="HOST:PORT",
     ),
     _Option(
         "--max-attempts",
@@ -343,6 +354,11 @@ stopping:
   status 0. A second signal stops at once: the messages held are requeued,
   exit status 130 (SIGINT) or 143 (SIGTERM). A handler that cannot be
   imported or is not callable is one error line and exit status 2.
+
+http:
+  --http-address serves /healthz (200 while the event loop runs), /readyz (200
+  when subscribed to an nsqd, else 503 and why) and /metrics (Prometheus; with
+  the metrics extra). An address that cannot be listened on is exit status 2.
 """
 
 
@@ -502,7 +518,8 @@ class WorkerState:
     def stopping(self) -> bool:
         return self.phase in ("stopping", "stopped")
 
-    def update(self, consumer: Consumer) -> None:
+    def update(self, consumer: Consumer) -> ConsumerStats:
+        """Read the consumer's stats (which are returned)."""
         stats = consumer.stats()
         self.received = stats["messages_received"]
         self.finished = stats["messages_finished"]
@@ -517,6 +534,22 @@ class WorkerState:
         self.waiting_for_topic = (
             lookup is not None and not lookup.topic_found and self.subscribed == 0
         )
+        return stats
+
+    def unready(self, topic: str) -> str | None:
+        """Why the worker is not ready to take messages, in one line (None when it is: at
+        least one connection subscribed, and not stopping)."""
+        if self.phase == "starting":
+            return "starting"
+        if self.stopping:
+            return "stopping"
+        if self.waiting_for_topic:
+            return f"waiting for topic {topic} to exist (nsqlookupd has no producer for it)"
+        if self.connected == 0:
+            return "not connected to any nsqd"
+        if self.subscribed == 0:
+            return "connected to nsqd, not subscribed yet"
+        return None
 
 
 def _summary(state: WorkerState, previous: int, seconds: float) -> str:
@@ -577,8 +610,70 @@ class _Worker:
         self.args = args
         self.state = WorkerState()
         self.function = handler
+        self.consumer: Consumer | None = None
+        #: the line the configuration line is followed by, with --http-address
+        self.serving: str | None = None
+
+    def snapshot(self) -> ConsumerStats | None:
+        """The state brought up to date from the consumer; its stats (None before it)."""
+        if self.consumer is None:
+            return None
+        return self.state.update(self.consumer)
+
+    def unready(self) -> str | None:
+        self.snapshot()
+        return self.state.unready(self.args.topic)
+
+    async def _probes(self) -> Callable[[], Coroutine[Any, Any, None]] | None:
+        """With --http-address, its listener bound and how to serve it (None when it cannot
+        be bound: the error line is written)."""
+        from . import _probes
+
+        address = self.args.http_address
+        host, port = nsq_proto.parse_address(address)
+        try:
+            listener = await _probes.listen(host, port)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            print(
+                f"{self.args.worker_prog}: error: cannot listen on {address} "
+                f"(--http-address): {reason}",
+                file=sys.stderr,
+            )
+            return None
+        try:
+            from . import _metrics
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "prometheus_client":
+                raise
+            probes = _probes.Probes(self.unready, None)
+            self.serving = (
+                f"serving /healthz and /readyz on http://{address}; /metrics answers 501: "
+                f"{_probes.MISSING_METRICS}"
+            )
+        else:
+            collector = _metrics.WorkerCollector(
+                self.args.topic,
+                self.args.channel,
+                self.state,
+                self.snapshot,
+                # read after the snapshot of the same scrape
+                lambda: self.state.unready(self.args.topic) is None,
+            )
+            probes = _probes.Probes(self.unready, _metrics.exposition(collector))
+            self.serving = f"serving /healthz, /readyz and /metrics on http://{address}"
+
+        async def serve() -> None:
+            await probes.serve(listener)
+
+        return serve
 
     async def main(self) -> int:
+        serve: Callable[[], Coroutine[Any, Any, None]] | None = None
+        if self.args.http_address:
+            serve = await self._probes()
+            if serve is None:
+                return 2
         if is_async_callable(self.function):
             inner: Callable[[Message], Awaitable[None]] = self.function
         else:
@@ -591,6 +686,8 @@ class _Worker:
         self.handlers = anyio.CancelScope()
         async with anyio.create_task_group() as outer:
             outer.start_soon(self.watch_signals)
+            if serve is not None:
+                outer.start_soon(serve)
             await self._consume()
             outer.cancel_scope.cancel()
         self.state.phase = "stopped"
@@ -663,6 +760,9 @@ class _Worker:
         consumer = Consumer(args.topic, args.channel, **_consumer_options(args))
         kind = "async" if is_async_callable(self.function) else "plain, run in threads"
         log.info("%s", _configuration(args, consumer, kind))
+        if self.serving is not None:
+            log.info("%s", self.serving)
+        self.consumer = consumer
         start = time.monotonic()
         try:
             async with consumer:
