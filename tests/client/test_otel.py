@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 
+import pytest
+
+from nsq_client import _telemetry
 from tests.support import ROOT
 from tests.support.extras import program_with
 
@@ -68,3 +72,27 @@ def test_without_opentelemetry_the_client_runs_and_otel_says_what_to_install() -
         "handled [b'four', b'one', b'three', b'two']",
         "opentelemetry imported: False",
     ]
+
+
+def test_instrument_twice_warns_and_keeps_the_first_providers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import nsq_client.otel
+
+    first = TracerProvider()
+    nsq_client.otel.instrument(tracer_provider=first)
+    try:
+        hooks = _telemetry.hooks.active
+        with caplog.at_level(logging.WARNING, logger="nsq.otel"):
+            nsq_client.otel.instrument(tracer_provider=TracerProvider())
+        assert [r.getMessage() for r in caplog.records] == [
+            "nsq_client.otel is already instrumented: call uninstrument() first"
+        ]
+        assert _telemetry.hooks.active is hooks
+        assert nsq_client.otel.is_instrumented()
+    finally:
+        nsq_client.otel.uninstrument()
+    assert not nsq_client.otel.is_instrumented()
+    assert _telemetry.hooks.active is None
