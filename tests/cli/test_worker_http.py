@@ -335,16 +335,16 @@ def test_without_http_address_nothing_of_it_is_loaded(
 # -- HTTP ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize(("how", "backend"), [("flag", "asyncio"), ("env", "trio")])
 def test_an_http_address_in_use_is_one_error_line_and_exit_2_before_any_connection(
-    app: Path, how: str
+    app: Path, how: str, backend: str
 ) -> None:
     with socket.socket() as taken, listener() as (nsqd_address, nsqd):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         args = ["handlers:handle", "--topic", "t", "--channel", "c"]
-        args += ["--nsqd-tcp-address", nsqd_address]
+        args += ["--nsqd-tcp-address", nsqd_address, "--backend", backend]
         env = {}
         if how == "flag":
             args += ["--http-address", address]
