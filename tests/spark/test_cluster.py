@@ -319,35 +319,47 @@ def _tcp_inodes(ports: set[int], *, remote: bool = False) -> set[int]:
     return inodes
 
 
-def _executor_connected_to(nodes: list[RealNSQD], cluster: Cluster) -> int | None:
-    """The executor JVM of a process with an open connection to one of ``nodes``' TCP ports
-    (a task that is taking messages), or None.
+def _process_tree() -> dict[int, list[int]]:
+    """pid -> its live children, from one walk of /proc."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children[int(fields[1])].append(int(entry.name))
+    return children
 
-    A task holds its connections for milliseconds: this reads the client ends of the
-    connections in ``/proc/net/tcp`` and the descriptors of the workers' processes only, not
-    nsqd's ``/stats`` and then every process (too slow to catch one on a loaded machine)."""
-    ports = {int(node.address.rpartition(":")[2]) for node in nodes}
-    inodes = _tcp_inodes(ports, remote=True)
-    if not inodes:
-        return None
-    below_workers: set[int] = set()
-    for worker in cluster.worker_pids:
-        below_workers |= _descendants(worker)
-    for inode, pid in _socket_pids(below_workers).items():
-        if inode in inodes:
-            jvm = _executor_jvm_of(pid, cluster)
-            if jvm is not None:
-                return jvm
-    return None
+
+def _below(children: dict[int, list[int]], pid: int) -> set[int]:
+    """``pid`` and every process below it in ``children``."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo.extend(children.get(p, ()))
+    return found
 
 
 class ConnectionOwners:
     """Samples every 10 ms, while a query runs, which processes hold TCP connections to
     ``nodes``' TCP ports: ``executor`` (below an executor JVM of a worker) or ``driver``
-    (below the process ``driver_pid``), from the client ends in ``/proc/net/tcp``."""
+    (below the process ``driver_pid``), each connection counted once, from the client ends
+    in ``/proc/net/tcp``; ``executors`` lists the executor JVMs seen holding one.
+
+    A task holds its connections for milliseconds: a sample reads ``/proc/net/tcp`` alone
+    until a connection it has not told yet appears, and only then walks /proc once and
+    reads the descriptors of the driver's and the workers' processes (nsqd's ``/stats``
+    then every process, or a walk per sample, was too slow to catch one on a loaded
+    machine)."""
 
     def __init__(self, nodes: list[RealNSQD], cluster: Cluster, driver_pid: int) -> None:
         self.seen: collections.Counter[str] = collections.Counter()
+        self.executors: list[int] = []
+        self._told: set[int] = set()
         self._ports = {int(node.address.rpartition(":")[2]) for node in nodes}
         self._cluster = cluster
         self._driver = driver_pid
@@ -357,19 +369,31 @@ class ConnectionOwners:
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
-            inodes = _tcp_inodes(self._ports, remote=True)
-            if not inodes:
+            try:
+                self._sample()
+            except OSError:  # a process or descriptor gone while read: the next sample
                 continue
-            driver = _descendants(self._driver) | {self._driver}
-            workers: set[int] = set()
-            for worker in self._cluster.worker_pids:
-                workers |= _descendants(worker)
-            for inode, pid in _socket_pids(driver | workers).items():
-                if inode in inodes:
-                    if pid in driver:
-                        self.seen["driver"] += 1
-                    elif _executor_jvm_of(pid, self._cluster) is not None:
-                        self.seen["executor"] += 1
+
+    def _sample(self) -> None:
+        inodes = _tcp_inodes(self._ports, remote=True) - self._told
+        if not inodes:
+            return
+        children = _process_tree()
+        driver = _below(children, self._driver)
+        workers: set[int] = set()
+        for worker in self._cluster.worker_pids:
+            workers |= _below(children, worker)
+        for inode, pid in _socket_pids(driver | workers).items():
+            if inode not in inodes:
+                continue
+            self._told.add(inode)
+            if pid in driver:
+                self.seen["driver"] += 1
+            else:
+                jvm = _executor_jvm_of(pid, self._cluster)
+                if jvm is not None:
+                    self.seen["executor"] += 1
+                    self.executors.append(jvm)
 
     def stop(self) -> None:
         self._stop.set()
@@ -456,19 +480,15 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
             # a task holds its connections for milliseconds: look every 10 ms, over as many
             # batches as it takes (a hundred at most)
             batches = driver.committed()
-            caught: list[int] = []
 
             def holding() -> bool:
-                jvm = _executor_connected_to(two_nsqd, spark_cluster)
-                if jvm is not None:
-                    caught.append(jvm)
-                return bool(caught) or driver.committed() > batches + 100
+                return bool(watch.executors) or driver.committed() > batches + 100
 
             wait_while_moving(
                 holding, driver.committed, stall=STALL, interval=0.01, what="a task caught"
             )
-            assert caught, "over 100 batches, no task was caught holding a connection"
-            victims = _descendants(caught[0])
+            assert watch.executors, "over 100 batches, no task was caught holding a connection"
+            victims = _descendants(watch.executors[-1])
             for pid in _alive(victims):
                 os.kill(pid, signal.SIGKILL)
         finally:

@@ -24,8 +24,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.net import free_port
-
 from ._cluster import ROOT, spark_env
 from .helpers import Emulator
 
@@ -54,9 +52,9 @@ pytestmark = [
 def connect_server(master: str) -> Iterator[Any]:
     """A Spark Connect server on loopback whose master is ``master``; (its URL, its process)."""
     env = spark_env()
-    port = free_port()
     log_dir = tempfile.mkdtemp(prefix="spark-connect-")
-    log = open(os.path.join(log_dir, "server.log"), "wb")  # noqa: SIM115 (closed below)
+    log_path = os.path.join(log_dir, "server.log")
+    log = open(log_path, "wb")  # noqa: SIM115 (closed below)
     server = subprocess.Popen(
         [
             os.path.join(env["SPARK_HOME"], "bin", "spark-submit"),
@@ -66,8 +64,11 @@ def connect_server(master: str) -> Iterator[Any]:
             master,
             "--conf",
             "spark.connect.grpc.binding.address=127.0.0.1",
+            # a port of the server's own choosing, read from its log: a port picked free here
+            # could be taken meanwhile (an executor's block manager took one), and a client
+            # would then talk to whatever listens there
             "--conf",
-            f"spark.connect.grpc.binding.port={port}",
+            "spark.connect.grpc.binding.port=0",
             "--conf",
             "spark.ui.enabled=false",
             "--conf",
@@ -87,15 +88,18 @@ def connect_server(master: str) -> Iterator[Any]:
     )
     try:
         deadline = time.monotonic() + 180
+        started = re.compile(rb"Spark Connect server started at: ([0-9.]+):(\d+)")
         while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            with open(log_path, "rb") as text:
+                found = started.search(text.read())
+            if found is not None:
+                port = int(found.group(2))
                 break
-            except OSError:
-                pass
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark Connect server did not start: see {log.name}")
+                raise RuntimeError(f"the Spark Connect server did not start: see {log_path}")
             time.sleep(0.5)
+        # it listens once it says so
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
         yield f"sc://127.0.0.1:{port}", server
     finally:
         if server.poll() is None:
