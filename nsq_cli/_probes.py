@@ -12,6 +12,7 @@ Only imported when ``--http-address`` is given.
 
 from __future__ import annotations
 
+import contextlib
 import http
 import logging
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import anyio
 import anyio.abc
 import h11
 
-__all__ = ["MAX_HEAD", "MISSING_METRICS", "READ_TIMEOUT", "Probes", "listen"]
+__all__ = ["MAX_CONNECTIONS", "MAX_HEAD", "MISSING_METRICS", "READ_TIMEOUT", "Probes", "listen"]
 
 log = logging.getLogger("nsq.worker")
 
@@ -29,6 +30,11 @@ log = logging.getLogger("nsq.worker")
 MAX_HEAD = 16 * 1024
 #: seconds a client has to send its request head, and to take the answer
 READ_TIMEOUT = 10.0
+#: connections served at once; one more is closed as soon as it is accepted (a flood of idle
+#: clients holds no more than this many descriptors, each for READ_TIMEOUT at most)
+MAX_CONNECTIONS = 64
+#: seconds to wait before accepting again after an accept failed (out of descriptors)
+_ACCEPT_PAUSE = 0.1
 #: what a read of the socket asks for at most
 _CHUNK = 4096
 
@@ -65,11 +71,40 @@ class Probes:
     def __init__(self, readiness: Readiness, exposition: Exposition | None) -> None:
         self.readiness = readiness
         self.exposition = exposition
+        #: connections being served now
+        self.open = 0
 
     async def serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
-        """Serve until cancelled, each connection in a task of its own."""
-        async with listener:
-            await listener.serve(self._connection)
+        """Serve until cancelled, each connection in a task of its own, at most
+        :data:`MAX_CONNECTIONS` at once.  An accept that fails (the process is out of
+        descriptors) is logged, once until one succeeds again, and tried again shortly: it
+        never ends the worker."""
+        # the listeners of every address the host name gave (anyio's MultiListener), or this
+        subs = getattr(listener, "listeners", None) or [listener]
+        async with listener, anyio.create_task_group() as tg:
+            for sub in subs:
+                tg.start_soon(self._accept, sub, tg)
+
+    async def _accept(
+        self, listener: anyio.abc.Listener[anyio.abc.SocketStream], tg: anyio.abc.TaskGroup
+    ) -> None:
+        failing = False
+        accept = listener.accept  # type: ignore[attr-defined]
+        while True:
+            try:
+                stream = await accept()
+            except OSError as exc:
+                if not failing:
+                    log.warning("HTTP endpoint: accepting a connection failed: %s", exc)
+                    failing = True
+                await anyio.sleep(_ACCEPT_PAUSE)
+                continue
+            failing = False
+            if self.open >= MAX_CONNECTIONS:
+                await _close_now(stream)
+                continue
+            self.open += 1
+            tg.start_soon(self._connection, stream)
 
     def answer(self, request: h11.Request) -> _Answer:
         method = request.method.decode("ascii", "replace")
@@ -101,6 +136,8 @@ class Probes:
             await self._exchange(stream)
         except Exception:  # one connection's failure never ends the worker
             log.warning("HTTP connection failed", exc_info=True)
+        finally:
+            self.open -= 1
 
     async def _exchange(self, stream: anyio.abc.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
@@ -128,6 +165,11 @@ class Probes:
                     await stream.send(_response(conn, answer, head))
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     return
+
+
+async def _close_now(stream: anyio.abc.SocketStream) -> None:
+    with anyio.CancelScope(shield=True), contextlib.suppress(OSError, anyio.BrokenResourceError):
+        await stream.aclose()
 
 
 async def _read_head(stream: anyio.abc.SocketStream, conn: h11.Connection) -> h11.Request | None:
