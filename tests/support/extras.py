@@ -18,7 +18,7 @@ _MODULE = {
     "opentelemetry-sdk": "opentelemetry",
 }
 #: the extras that install a part of the library (the others install tools: test, docs, dev)
-PARTS = ("snappy", "anyio", "trio", "spark", "connect", "otel")
+PARTS = ("snappy", "anyio", "trio", "spark", "connect", "otel", "metrics")
 
 _PRELUDE = """\
 import sys
