@@ -13,14 +13,11 @@ server's cluster errors, which trigger a new lookup and a retry (as go-nsq does)
 
 from __future__ import annotations
 
-import contextlib
-import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from . import commands as cmd
 from ._config import ProducerConfig, parse_client_addresses
@@ -49,62 +46,18 @@ from ._lookupd_client import HttpAnswer, LookupAnswered, LookupdClient, LookupdF
 from ._lookupd_schedule import RouteRefresh
 from ._names import check_topic
 from ._outputs import Connect, Output
-from ._partitioned import TOPOLOGY_CHANGED, partition_for_key
+from ._partitioned import TOPOLOGY_CHANGED
+from ._publish_queue import NO_DPUB, Coalesced, Kind, OpenPool, PublishQueue, Refuse, Request
+from ._routes import Routes
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
 
 __all__ = ["ProducerConfig", "Producer", "PublishTimeout"]
 
-_NO_DPUB: Final = "the partitioned server has no DPUB (deferred publish): publish without a delay"
-#: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
-_RETRY_BASE: Final = 0.008
-_RETRY_STEP: Final = 0.010
 #: nsqd's refusals of an MPUB for one of its bodies (or, on the partitioned server, one
 #: message's header): a coalesced MPUB refused so is split, each publish sent again alone, so
 #: that only the caller whose message is bad gets the error
 _SPLIT_ON: Final = frozenset({"E_BAD_MESSAGE", "E_BAD_BODY", "E_INVALID_JSON_HEADER"})
-
-
-class _Kind(Enum):
-    """What a publish sends (the form on the wire also depends on its partition, trace ids
-    and extension header)."""
-
-    # members are singletons: identity hashing is exact and much cheaper than Enum's
-    __hash__ = object.__hash__
-
-    PUB = "PUB"
-    MPUB = "MPUB"
-    DPUB = "DPUB"
-
-
-@dataclass(slots=True)
-class _Request:
-    request_id: int
-    topic: str
-    kind: _Kind
-    bodies: list[bytes]
-    partition: int | None
-    sharding_key: bytes | None
-    trace_ids: list[int] | None
-    delay: float
-    deadline: float
-    #: the JSON extension header (PUB_EXT/MPUB_EXT), if any
-    ext: bytes | None = None
-    #: the header has the key ``##trace_id``: the server answers PUB_EXT with a receipt
-    ext_traced: bool = False
-    attempts: int = 0
-    #: the connection it was last assigned to (0: never)
-    conn_id: ConnId = 0
-    #: the partition it was last assigned to (None: the server's choice)
-    sent_partition: int | None = None
-    #: not sent again before this time (the retry backoff)
-    not_before: float = 0.0
-    #: the ordered partition ``(topic, partition)`` it was sent to, while unanswered
-    stream: tuple[str, int] | None = None
-    #: (partition count, partition) its sharding key was mapped to
-    hashed: tuple[int, int] | None = None
-    #: never coalesced with others (a coalesced MPUB carrying it was refused for a body)
-    alone: bool = False
 
 
 @dataclass(slots=True)
@@ -115,476 +68,11 @@ class _PConn:
     slot: int
     #: the connection's own publish id (``Connection.publish_encoded``) -> our request, or
     #: the requests a coalesced MPUB carries (in call order)
-    outstanding: dict[int, _Request | list[_Request]] = field(default_factory=dict)
+    outstanding: dict[int, Request | list[Request]] = field(default_factory=dict)
     #: requests assigned to it by the dispatch under way, not yet written
     assigned: int = 0
     #: the TCP connection came up (a loss before it is a failed connection attempt)
     connected: bool = False
-
-
-# ------------------------------------------------------------------------------ routing
-
-
-@dataclass(slots=True)
-class _TopicRoute:
-    partition_num: int
-    partitions: dict[int, tuple[str, int]]
-    ordered: bool
-    next_rr: int = 0
-
-
-class Routes:
-    """Where each topic's publishes go: routing and sharding.
-
-    Without lookupd every publish goes to any connection of the pool.  With lookupd, a topic
-    is routed once its lookup answered: a standard server's topic to any connection, a
-    partitioned topic to the leader of a partition (the publish's own, its sharding key's, or
-    the next one round-robin).  It knows no connection: it names addresses and partitions."""
-
-    __slots__ = ("_hasher", "_lookupd", "routes")
-
-    def __init__(self, *, lookupd: bool, hasher: Callable[[bytes], int] | None) -> None:
-        self._lookupd = lookupd
-        self._hasher = hasher
-        #: topic -> its route, once a lookup answered
-        self.routes: dict[str, _TopicRoute] = {}
-
-    def known(self, topic: str) -> bool:
-        return topic in self.routes
-
-    def partitioned(self, topic: str) -> bool:
-        """lookupd named partitions for ``topic``."""
-        route = self.routes.get(topic)
-        return route is not None and bool(route.partitions)
-
-    def wanted(self, address: tuple[str, int]) -> bool:
-        """Some topic's partition is led from ``address``."""
-        return any(address in r.partitions.values() for r in self.routes.values())
-
-    def leaders(self) -> list[tuple[str, int]]:
-        """The address of every partition leader known (with repeats)."""
-        return [a for route in self.routes.values() for a in route.partitions.values()]
-
-    def apply(self, topic: str, result: LookupResult) -> list[tuple[str, int]] | None:
-        """A lookup of ``topic`` answered: the partition leaders to connect to, sorted (empty
-        for a standard server); None when the answer is kept out (it lists no partition where
-        a route with partitions is known: what is known stays until a useful answer)."""
-        meta = result.meta
-        partitions = {pid: p.address for pid, p in result.partitions.items()}
-        old = self.routes.get(topic)
-        if old is not None and old.partitions and not partitions:
-            return None
-        # no count from lookupd: 0, never the number of partitions listed (one may be missing)
-        num = meta.partition_num if meta is not None and meta.partition_num > 0 else 0
-        route = _TopicRoute(num, partitions, bool(meta and meta.ordered))
-        if old is not None:
-            route.next_rr = old.next_rr
-        self.routes[topic] = route
-        return sorted(set(partitions.values()))
-
-    def forget(self, topic: str) -> None:
-        """The topology changed (a partitioned server's error): look ``topic`` up again."""
-        self.routes.pop(topic, None)
-
-    def route(self, req: _Request) -> tuple[tuple[str, int] | None, int | None] | None:
-        """Where a request goes: (address or None for any, partition); None: not yet known.
-        Raises LocalProtocolError where it can go nowhere."""
-        if not self._lookupd:
-            return None, req.partition
-        route = self.routes.get(req.topic)
-        if route is None:
-            return None
-        if not route.partitions:
-            return None, req.partition  # standard server behind lookupd: any of our nsqd
-        if req.sharding_key is not None:
-            if route.partition_num <= 0:
-                raise LocalProtocolError(
-                    f"lookupd gave no partition count (meta.partition_num) for topic "
-                    f"{req.topic!r}: a sharding key cannot be mapped to a partition"
-                )
-            num = route.partition_num
-            cached = req.hashed
-            if cached is None or cached[0] != num:
-                cached = req.hashed = (num, partition_for_key(req.sharding_key, num, self._hasher))
-            pid = cached[1]
-        elif req.partition is not None:
-            pid = req.partition
-        else:
-            pids = sorted(route.partitions)
-            pid = pids[route.next_rr % len(pids)]
-            route.next_rr += 1
-        address = route.partitions.get(pid)
-        if address is None:
-            num = route.partition_num
-            if num and not 0 <= pid < num:
-                raise LocalProtocolError(
-                    f"topic {req.topic!r} has {num} partitions (0..{num - 1}): no partition {pid}"
-                )
-            return None
-        return address, pid
-
-    def stream(self, req: _Request, partition: int | None) -> tuple[str, int] | None:
-        """The ordered partition ``req`` belongs to: a publish with a sharding key, or to a
-        partition of an ordered topic; None where call order is not promised."""
-        if partition is None:
-            return None
-        if req.sharding_key is None and req.partition is None:
-            return None
-        if req.sharding_key is None:
-            route = self.routes.get(req.topic)
-            if route is None or not route.ordered:
-                return None
-        return (req.topic, partition)
-
-
-# ------------------------------------------------------------------------------ the queue
-
-
-class Pool(Protocol):
-    """The connections a :class:`PublishQueue` assigns requests to, by id."""
-
-    def pick(self, address: tuple[str, int] | None) -> ConnId | None:
-        """The least loaded ready connection with room (to ``address``; None: any), counting
-        what this dispatch assigned already; None when there is none."""
-        ...
-
-    def take(self, conn_id: ConnId) -> None:
-        """One more request is assigned to ``conn_id`` in this dispatch."""
-        ...
-
-    def partitioned(self, conn_id: ConnId) -> bool:
-        """The connection is to the partitioned server."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """Dispatch: fail ``request`` with ``error`` (it can go nowhere)."""
-
-    request: _Request
-    error: NSQError
-
-
-@dataclass(frozen=True, slots=True)
-class Coalesced:
-    """Dispatch: write ``requests`` (single publishes of one topic to one route, in call
-    order) as one MPUB on ``requests[0].conn_id``, to ``requests[0].sent_partition``."""
-
-    requests: list[_Request]
-
-
-@dataclass(frozen=True, slots=True)
-class OpenPool:
-    """Dispatch: open the pool's connections to ``address`` (a partition's leader)."""
-
-    address: tuple[str, int]
-
-
-#: what one dispatch decided, in order: a request (assigned: write it on ``request.conn_id``,
-#: to ``request.sent_partition``), requests coalesced into one MPUB, a request to refuse, or
-#: a pool to open
-Step = _Request | Coalesced | Refuse | OpenPool
-
-
-def _coalescable(req: _Request) -> bool:
-    """A single publish that may share an MPUB: PUB or PUB_EXT, with no trace receipt to give
-    back (MPUB_TRACE answers with the first message's alone) and not sent alone."""
-    return req.kind is _Kind.PUB and req.trace_ids is None and not req.ext_traced and not req.alone
-
-
-def _mpub_size(req: _Request) -> int:
-    """What a single publish adds to an MPUB's body: its length prefix, its header, its body."""
-    ext = req.ext
-    return 4 + len(req.bodies[0]) + (0 if ext is None else 2 + len(ext))
-
-
-class PublishQueue:
-    """The producer's requests, from ``publish`` to their answer: request ids and deadlines,
-    the queue in call order, the retries and their backoff, and the ordered partitions with a
-    request on the wire.
-
-    :meth:`assign` decides where queued requests go and returns its decisions; the producer
-    carries them out (encodes and writes, fails, opens connections), as httpcore's pool
-    assigns requests to connections and leaves the I/O to its caller."""
-
-    __slots__ = (
-        "_last_deadline",
-        "_max_attempts",
-        "_max_bytes",
-        "_max_messages",
-        "_next_id",
-        "full",
-        "requests",
-        "streams",
-        "waiting",
-    )
-
-    def __init__(
-        self, *, max_attempts: int, max_messages: int = 1, max_bytes: int = 5 * 1024 * 1024
-    ) -> None:
-        self._max_attempts = max_attempts
-        #: the bounds of a coalesced MPUB (1 message: no coalescing)
-        self._max_messages = max_messages
-        self._max_bytes = max_bytes
-        #: queued requests, in call order (a retry goes back to its place)
-        self.waiting: deque[_Request] = deque()
-        #: requests not yet answered, oldest first (so by deadline: see add)
-        self.requests: dict[int, _Request] = {}
-        #: ordered partitions with a request on the wire: (topic, partition) -> request id
-        self.streams: dict[tuple[str, int], int] = {}
-        self._last_deadline = -math.inf
-        self._next_id = 1
-        #: the latest :meth:`assign` left a request for any connection waiting for room, and
-        #: nothing but :meth:`add` changed the queue since: a request added now waits too
-        self.full = False
-
-    def __len__(self) -> int:
-        """Requests not yet answered (queued or sent)."""
-        return len(self.requests)
-
-    def add(
-        self,
-        topic: str,
-        kind: _Kind,
-        bodies: list[bytes],
-        deadline: float,
-        *,
-        partition: int | None = None,
-        sharding_key: bytes | None = None,
-        trace_ids: list[int] | None = None,
-        delay: float = 0.0,
-        ext: bytes | None = None,
-        ext_traced: bool = False,
-    ) -> _Request:
-        """A new request, queued; it expires at ``deadline``, or with the one before it."""
-        rid = self._next_id
-        self._next_id += 1
-        # deadlines never decrease in the order requests are made (under a clock that goes
-        # back, one waits for the one before it): the first request is the next to expire
-        if deadline < self._last_deadline:
-            deadline = self._last_deadline
-        self._last_deadline = deadline
-        req = _Request(
-            rid,
-            topic,
-            kind,
-            bodies,
-            partition,
-            sharding_key,
-            trace_ids,
-            delay,
-            deadline,
-            ext,
-            ext_traced,
-        )
-        self.requests[rid] = req
-        self.waiting.append(req)
-        return req
-
-    def next_deadline(self) -> float | None:
-        """When the oldest request expires (no scan of every request)."""
-        if not self.requests:
-            return None
-        return next(iter(self.requests.values())).deadline
-
-    def expired(self, now: float) -> list[_Request]:
-        """The requests whose deadline is past at ``now``, oldest first."""
-        expired: list[_Request] = []
-        for req in self.requests.values():
-            if req.deadline > now:
-                break  # the rest expire later (see add)
-            expired.append(req)
-        return expired
-
-    def answered(self, req: _Request) -> None:
-        """nsqd acknowledged ``req``."""
-        self.full = False
-        if req.stream is not None:
-            self._release(req)
-        self.requests.pop(req.request_id, None)
-
-    def remove(self, req: _Request) -> None:
-        """``req`` fails: it is no longer waiting, sent or retried."""
-        self.full = False
-        self._release(req)
-        self.requests.pop(req.request_id, None)
-        with contextlib.suppress(ValueError):
-            self.waiting.remove(req)
-
-    def retry(self, req: _Request, error: NSQError, now: float) -> float | None:
-        """``req`` failed on its connection with ``error``: the time it may be sent again
-        (queued again in call order, after go-nsq's backoff of 8 ms + 10 ms * 2^n), or None
-        when it fails (nsqd refused it, its attempts are spent, or its deadline passed).  A
-        loss of the connection is retried, and so are the partitioned server's errors that
-        say the topology changed."""
-        self._release(req)
-        retryable = not isinstance(error, ServerError) or error.code in TOPOLOGY_CHANGED
-        if not (retryable and req.attempts < self._max_attempts and req.deadline > now):
-            return None
-        req.not_before = now + _RETRY_BASE + _RETRY_STEP * (1 << req.attempts)
-        self._requeue(req)
-        return req.not_before
-
-    def split(self, reqs: list[_Request]) -> None:
-        """A coalesced MPUB carrying ``reqs`` was refused for one of its bodies: each goes
-        again alone and at once, the attempt not counted (a neighbour's body failed it)."""
-        for req in reqs:
-            self._release(req)
-            req.attempts -= 1
-            req.alone = True
-            req.not_before = 0.0
-            self._requeue(req)
-
-    def _requeue(self, req: _Request) -> None:
-        """``req`` waits again, in its place in call order."""
-        self.full = False
-        waiting = self.waiting
-        rid = req.request_id
-        index = len(waiting)
-        while index and waiting[index - 1].request_id > rid:
-            index -= 1
-        waiting.insert(index, req)
-
-    def _release(self, req: _Request) -> None:
-        stream = req.stream
-        if stream is not None:
-            req.stream = None
-            if self.streams.get(stream) == req.request_id:
-                del self.streams[stream]
-
-    def assign(self, now: float, routes: Routes, pool: Pool) -> list[Step]:
-        """Decide where the queued requests go now, in call order: each one that can go is
-        assigned to a connection of ``pool`` (its attempt counted) and taken off the queue;
-        the others stay queued, in order.  A request waits while its route is unknown, while
-        its retry backs off, while an earlier request of its ordered partition is on the wire
-        or waiting, and while no connection has room (a request for any connection then holds
-        back every later one: FIFO).  Returns the decisions, in order."""
-        waiting = self.waiting
-        streams = self.streams
-        self.full = False
-        steps: list[Step] = []
-        #: ordered partitions whose earliest queued request cannot go now: later ones wait
-        blocked: set[tuple[str, int]] = set()
-        skipped: list[_Request] = []
-        while waiting:
-            req = waiting.popleft()
-            try:
-                routed = routes.route(req)
-            except LocalProtocolError as exc:
-                steps.append(Refuse(req, exc))
-                continue
-            if routed is None:
-                skipped.append(req)
-                continue
-            address, partition = routed
-            stream = routes.stream(req, partition)
-            if stream is not None and (stream in blocked or stream in streams):
-                # one request on the wire per ordered partition: a refusal or a loss can then
-                # never let a later publish overtake an earlier one
-                skipped.append(req)
-                blocked.add(stream)
-                continue
-            if req.not_before > now:
-                skipped.append(req)  # backing off before a retry
-                if stream is not None:
-                    blocked.add(stream)
-                continue
-            conn_id = pool.pick(address)
-            if conn_id is None:
-                if address is not None:
-                    steps.append(OpenPool(address))
-                skipped.append(req)
-                if stream is not None:
-                    blocked.add(stream)
-                if address is None:
-                    self.full = True
-                    break  # every connection is busy: keep FIFO order
-                continue
-            if req.kind is _Kind.DPUB and pool.partitioned(conn_id):
-                steps.append(Refuse(req, LocalProtocolError(_NO_DPUB)))
-                continue
-            pool.take(conn_id)
-            members = None
-            if waiting and self._max_messages > 1 and _coalescable(req):
-                members = self._join(req, address, partition, stream, now, routes)
-            if members is None:
-                req.attempts += 1
-                req.conn_id = conn_id
-                req.sent_partition = partition
-                if stream is not None:
-                    req.stream = stream
-                    streams[stream] = req.request_id
-                steps.append(req)
-                continue
-            for member in members:
-                member.attempts += 1
-                member.conn_id = conn_id
-                member.sent_partition = partition
-                member.stream = stream
-            if stream is not None:
-                # held by the last: the members expire in call order, so the partition is
-                # free again only once none of them is on the wire
-                streams[stream] = members[-1].request_id
-            steps.append(Coalesced(members))
-        waiting.extendleft(reversed(skipped))
-        return steps
-
-    def _join(
-        self,
-        head: _Request,
-        address: tuple[str, int] | None,
-        partition: int | None,
-        stream: tuple[str, int] | None,
-        now: float,
-        routes: Routes,
-    ) -> list[_Request] | None:
-        """The single publishes queued after ``head`` that go with it as one MPUB (taken off
-        the queue), ``head`` first; None when none can.  They are of its topic and go where it
-        goes; an ordered partition's take no publish past one of theirs that cannot join."""
-        max_messages = self._max_messages
-        max_bytes = self._max_bytes
-        size = 4 + _mpub_size(head)
-        if size > max_bytes:
-            return None
-        waiting = self.waiting
-        topic = head.topic
-        has_ext = head.ext is not None
-        members = [head]
-        kept: list[_Request] = []
-        while waiting and len(members) < max_messages:
-            cand = waiting.popleft()
-            if cand.topic != topic:
-                kept.append(cand)
-                continue
-            joins = (
-                cand.kind is _Kind.PUB
-                and cand.trace_ids is None
-                and not cand.ext_traced
-                and not cand.alone
-                and (cand.ext is not None) is has_ext
-                and cand.not_before <= now
-            )
-            if joins and (cand.sharding_key is not None or cand.partition is not None):
-                try:
-                    routed = routes.route(cand)
-                except LocalProtocolError:
-                    routed = None  # refused by the dispatch, in its turn
-                joins = routed == (address, partition) and routes.stream(cand, partition) == stream
-            # (a publish to any partition goes to this one)
-            if not joins:
-                kept.append(cand)
-                if stream is not None:
-                    break  # it may be of the ordered partition: nothing overtakes it
-                continue
-            ext = cand.ext
-            added = 4 + len(cand.bodies[0]) + (0 if ext is None else 2 + len(ext))
-            if size + added > max_bytes:
-                kept.append(cand)
-                break
-            size += added
-            members.append(cand)
-        waiting.extendleft(reversed(kept))
-        return members if len(members) > 1 else None
 
 
 class _ConnectionPool:
@@ -825,7 +313,7 @@ class Producer:
             # a connection's publish events carry its own publish id: re-emitted with ours
             if type(item) is PublishSucceeded:
                 sent = rec.outstanding.pop(item.request_id, None)
-                if type(sent) is _Request:
+                if type(sent) is Request:
                     self._queue.answered(sent)
                     out.append(PublishSucceeded(rec.conn_id, sent.request_id, item.receipt))
                 elif isinstance(sent, list):
@@ -835,7 +323,7 @@ class Producer:
                         out.append(PublishSucceeded(rec.conn_id, req.request_id))
             elif type(item) is PublishFailed:
                 sent = rec.outstanding.pop(item.request_id, None)
-                if type(sent) is _Request:
+                if type(sent) is Request:
                     self._failed_on_connection(sent, item.error)
                 elif isinstance(sent, list):
                     self._coalesced_failed(sent, item.error)
@@ -913,7 +401,7 @@ class Producer:
         failure.__cause__ = next(reversed(unreachable.values()))
         return failure
 
-    def _failed_on_connection(self, req: _Request, error: NSQError) -> None:
+    def _failed_on_connection(self, req: Request, error: NSQError) -> None:
         """``req`` failed on its connection: retried after a backoff, or failed."""
         if isinstance(error, ServerError) and error.code in TOPOLOGY_CHANGED:
             self._invalidate_route(req.topic)
@@ -923,7 +411,7 @@ class Producer:
         else:
             self._timers.set((TimerKind.RETRY, req.request_id), retry_at)
 
-    def _coalesced_failed(self, reqs: list[_Request], error: NSQError) -> None:
+    def _coalesced_failed(self, reqs: list[Request], error: NSQError) -> None:
         """A coalesced MPUB failed: refused for a body, each of its publishes goes again
         alone; otherwise the failure is each one's (retried or failed as its own)."""
         if isinstance(error, ServerError) and error.code in _SPLIT_ON:
@@ -932,7 +420,7 @@ class Producer:
         for req in reqs:
             self._failed_on_connection(req, fresh_copy(error))
 
-    def _fail_request(self, req: _Request, error: NSQError) -> None:
+    def _fail_request(self, req: Request, error: NSQError) -> None:
         """``req`` fails with ``error`` (a :class:`PublishFailed` event)."""
         self._queue.remove(req)
         self._timers.cancel((TimerKind.RETRY, req.request_id))
@@ -955,7 +443,7 @@ class Producer:
     def _new_request(
         self,
         topic: str,
-        kind: _Kind,
+        kind: Kind,
         bodies: list[bytes],
         now: float,
         *,
@@ -1004,7 +492,7 @@ class Producer:
         )
         return self._queued(req)
 
-    def _queued(self, req: _Request) -> int:
+    def _queued(self, req: Request) -> int:
         """``req`` was queued: send what can go now (or nothing, when it is held back)."""
         queue = self._queue
         if (
@@ -1061,7 +549,7 @@ class Producer:
             self._now = now
             check_topic(topic)
             return self._queued(
-                self._queue.add(topic, _Kind.PUB, [body], now + self.config.publish_timeout)
+                self._queue.add(topic, Kind.PUB, [body], now + self.config.publish_timeout)
             )
         if delay is not None and (trace_id is not None or partition is not None or ext):
             raise LocalProtocolError("DPUB takes no partition, trace id or extension header")
@@ -1077,9 +565,9 @@ class Producer:
             header = cmd.encode_ext_header(fields)
             # decided by the header's keys, never by its text (a value may read "##trace_id")
             ext_traced = "##trace_id" in fields
-        kind = _Kind.DPUB if delay is not None else _Kind.PUB
-        if kind is _Kind.DPUB and self._partitioned(topic):
-            raise LocalProtocolError(_NO_DPUB)
+        kind = Kind.DPUB if delay is not None else Kind.PUB
+        if kind is Kind.DPUB and self._partitioned(topic):
+            raise LocalProtocolError(NO_DPUB)
         return self._new_request(
             topic,
             kind,
@@ -1116,7 +604,7 @@ class Producer:
             cmd.mpub_trace("t", [(t, b"x") for t in traces])
         return self._new_request(
             topic,
-            _Kind.MPUB,
+            Kind.MPUB,
             items,
             now,
             partition=partition,
@@ -1125,16 +613,16 @@ class Producer:
             ext=None if ext is None else cmd.encode_ext_header(ext),
         )
 
-    def _encode(self, req: _Request, partition: int | None) -> tuple[bytes, bool]:
+    def _encode(self, req: Request, partition: int | None) -> tuple[bytes, bool]:
         traced = req.trace_ids is not None
         kind = req.kind
-        if kind is _Kind.DPUB:
+        if kind is Kind.DPUB:
             return cmd.dpub(req.topic, round(req.delay * 1000), req.bodies[0]), False
         if req.ext is not None:
-            if kind is _Kind.PUB:
+            if kind is Kind.PUB:
                 return cmd.pub_ext(req.topic, req.bodies[0], req.ext, partition), req.ext_traced
             return cmd.mpub_ext(req.topic, [(req.ext, b) for b in req.bodies], partition), False
-        if kind is _Kind.PUB:
+        if kind is Kind.PUB:
             if req.trace_ids is not None:
                 return cmd.pub_trace(req.topic, req.trace_ids[0], req.bodies[0], partition), True
             return cmd.pub_unchecked(req.topic, req.bodies[0], partition), False
@@ -1162,7 +650,7 @@ class Producer:
                 return
         conns = self._conns
         for step in queue.assign(self._now, self._routes, self._pool):
-            if type(step) is _Request:
+            if type(step) is Request:
                 rec = conns[step.conn_id]
                 rec.assigned -= 1
                 data, traced = self._encode(step, step.sent_partition)

@@ -1,4 +1,4 @@
-"""The producer's queue, retries and routes of ``_producer.py`` alone: plain requests, a pool
+"""The producer's queue, retries and routes of ``_publish_queue.py`` and ``_routes.py`` alone: plain requests, a pool
 of made-up connections, no Producer and no Connection."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from nsq_proto import (
     ServerError,
     TopicMeta,
 )
-from nsq_proto._producer import (
+from nsq_proto._publish_queue import (
     Coalesced,
+    Kind,
     OpenPool,
     PublishQueue,
     Refuse,
-    Routes,
+    Request,
     Step,
-    _Kind,
-    _Request,
 )
+from nsq_proto._routes import Routes
 
 ANY = Routes(lookupd=False, hasher=None)
 
@@ -65,22 +65,22 @@ def queue(max_attempts: int = 5) -> PublishQueue:
     return PublishQueue(max_attempts=max_attempts)
 
 
-def add(q: PublishQueue, topic: str = "t", deadline: float = 10.0, **kw: object) -> _Request:
-    kind = kw.pop("kind", _Kind.PUB)
-    assert isinstance(kind, _Kind)
+def add(q: PublishQueue, topic: str = "t", deadline: float = 10.0, **kw: object) -> Request:
+    kind = kw.pop("kind", Kind.PUB)
+    assert isinstance(kind, Kind)
     return q.add(topic, kind, [b"x"], deadline, **kw)  # type: ignore[arg-type]
 
 
 def sent(steps: list[Step]) -> list[tuple[int, int]]:
     """(request id, connection id) of each request assigned."""
-    return [(s.request_id, s.conn_id) for s in steps if isinstance(s, _Request)]
+    return [(s.request_id, s.conn_id) for s in steps if isinstance(s, Request)]
 
 
 def commands(steps: list[Step]) -> list[tuple[list[int], int]]:
     """(request ids, connection id) of each command: a request alone or coalesced ones."""
     out: list[tuple[list[int], int]] = []
     for step in steps:
-        if isinstance(step, _Request):
+        if isinstance(step, Request):
             out.append(([step.request_id], step.conn_id))
         elif isinstance(step, Coalesced):
             conn_ids = {r.conn_id for r in step.requests}
@@ -126,7 +126,7 @@ def test_each_request_goes_to_the_least_loaded_connection_counting_this_dispatch
     pool = FakePool(cap=3, c1=(("a", 1), 1, False), c2=(("b", 1), 0, False))
     steps = q.assign(0.0, ANY, pool)
     assert sent(steps) == [(1, 2), (2, 1), (3, 2), (4, 1)]
-    assert all(isinstance(s, _Request) and s.attempts == 1 for s in steps)
+    assert all(isinstance(s, Request) and s.attempts == 1 for s in steps)
     assert not q.waiting and len(q) == 4  # sent, not yet answered
 
 
@@ -228,7 +228,7 @@ def test_a_request_that_can_go_nowhere_is_refused() -> None:
     routes.apply("t", partitioned("n0", "n1"))
     q = queue()
     add(q, partition=7)
-    add(q, kind=_Kind.DPUB)
+    add(q, kind=Kind.DPUB)
     (refused, dpub) = q.assign(0.0, routes, FakePool(c1=(("n0", 4150), 0, True)))
     assert isinstance(refused, Refuse) and "has 2 partitions (0..1): no partition 7" in str(
         refused.error
@@ -315,8 +315,8 @@ def test_a_lone_publish_goes_alone() -> None:
 def test_only_plain_single_publishes_share_an_mpub() -> None:
     q = coalescing()
     add(q)  # 1
-    add(q, kind=_Kind.DPUB)  # 2: its own delay
-    add(q, kind=_Kind.MPUB)  # 3: the caller's own batch
+    add(q, kind=Kind.DPUB)  # 2: its own delay
+    add(q, kind=Kind.MPUB)  # 3: the caller's own batch
     add(q, trace_ids=[7])  # 4: its trace receipt is its own
     add(q, ext=b'{"k":"v"}', ext_traced=True)  # 5: a receipt too
     add(q, ext=b'{"k":"v"}')  # 6: MPUB_EXT, with 8
