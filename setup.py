@@ -42,6 +42,7 @@ MYPYC_MODULES = [
     "nsq_proto/_producer.py",
     "nsq_proto/_publish_queue.py",
     "nsq_proto/_rdy.py",
+    "nsq_proto/_reachability.py",
     "nsq_proto/_routes.py",
     "nsq_proto/_state.py",
     "nsq_proto/_timers.py",

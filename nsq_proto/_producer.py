@@ -31,7 +31,6 @@ from ._errors import (
     PublishTimeout,
     ServerError,
     fresh_copy,
-    permanent_cause,
 )
 from ._events import (
     ConnectionClosed,
@@ -48,6 +47,7 @@ from ._names import check_topic
 from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
 from ._publish_queue import NO_DPUB, Coalesced, Kind, OpenPool, PublishQueue, Refuse, Request
+from ._reachability import Reachability
 from ._routes import Routes
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
@@ -176,12 +176,8 @@ class Producer:
         #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately
         self._lookup_errors: dict[str, NSQError] = {}
         self._refusals: dict[str, int] = {}
-        #: (address, slot) -> the permanent failure of its last connection (TLS refused,
-        #: AUTH failed, ...); cleared once a connection there is ready again
-        self._permanent: dict[tuple[tuple[str, int], int], NSQError] = {}
-        #: (address, slot) -> why its last connection attempt failed (refused, no route, dial
-        #: timeout); cleared once a connection there is up again
-        self._unreachable: dict[tuple[tuple[str, int], int], NSQError] = {}
+        #: how the last connection of each (address, slot) ended: the failure diagnosis
+        self._reach = Reachability()
 
     # ------------------------------------------------------------------ outputs and time
 
@@ -267,7 +263,7 @@ class Producer:
         rec = self._conns.get(conn_id)
         if rec is not None:
             rec.connected = True
-            self._unreachable.pop((rec.address, rec.slot), None)
+            self._reach.connected((rec.address, rec.slot))
         self._table.connection_made(conn_id, now)
 
     def tls_established(self, conn_id: ConnId, now: float) -> None:
@@ -330,16 +326,12 @@ class Producer:
             elif isinstance(item, Ready):
                 out.append(item)
                 self._reconnects.connected((rec.address, rec.slot))
-                self._permanent.pop((rec.address, rec.slot), None)
+                self._reach.ready((rec.address, rec.slot))
             elif isinstance(item, ConnectionClosed):
                 out.append(item)
                 if item.error is not None:
                     self._last_error = item.error
-                    if not rec.connected:
-                        self._unreachable[(rec.address, rec.slot)] = item.error
-                permanent = permanent_cause(item.error)
-                if permanent is not None:
-                    self._permanent[(rec.address, rec.slot)] = permanent
+                self._reach.closed((rec.address, rec.slot), item.error, was_connected=rec.connected)
                 self._on_closed(rec, now)
             else:
                 out.append(item)
@@ -369,37 +361,13 @@ class Producer:
         """A permanent failure, when every place a request could go has one; or, when every
         one of them failed its last connection attempt and none is being tried again, the
         refusals (a publish then fails with them, not at ``publish_timeout``)."""
-        permanent = self._permanent
-        unreachable = self._unreachable
-        if not permanent and not unreachable:
+        if not self._reach.failing:
             return None
         slots = range(self.config.pool_size)
-        keys = {(a, slot) for a in self._nsqd for slot in slots}
-        keys.update((a, slot) for a in self._routes.leaders() for slot in slots)
-        keys.update(self._slots)
-        if not keys:
-            return None
-        if keys <= permanent.keys():
-            return next(reversed(permanent.values()))
-        causes: dict[tuple[str, int], str] = {}
-        for key in sorted(keys):
-            error = permanent.get(key)
-            if error is None:
-                error = unreachable.get(key)
-                if error is None or key in self._slots:
-                    return None  # connected, or an attempt is under way
-                cause = error.__cause__ if error.__cause__ is not None else error
-            else:
-                cause = error
-            address = key[0]
-            name = f"{address[0]}:{address[1]}"
-            text = str(cause)
-            causes[address] = text if name in text else f"{name}: {text}"
-        failure = ConnectionClosedError(
-            f"could not connect to any nsqd: {'; '.join(causes.values())}"
-        )
-        failure.__cause__ = next(reversed(unreachable.values()))
-        return failure
+        places = {(a, slot) for a in self._nsqd for slot in slots}
+        places.update((a, slot) for a in self._routes.leaders() for slot in slots)
+        places.update(self._slots)
+        return self._reach.diagnosis(places, set(self._slots))
 
     def _failed_on_connection(self, req: Request, error: NSQError) -> None:
         """``req`` failed on its connection: retried after a backoff, or failed."""
@@ -499,8 +467,7 @@ class Producer:
             queue.full
             and len(queue.waiting) > 1
             and not self._lookupd.addresses
-            and not self._permanent
-            and not self._unreachable
+            and not self._reach.failing
         ):
             # behind others that wait for a connection with room (FIFO): nothing to do now
             self._held_back = True
@@ -641,7 +608,7 @@ class Producer:
         queue = self._queue
         if not queue.waiting:
             return
-        if self._permanent or self._unreachable:
+        if self._reach.failing:
             broken = self._broken()
             if broken is not None:
                 # no retry will get through: fail now, with the cause, not at the deadline
