@@ -13,8 +13,9 @@ nothing is recorded.  Off, the client pays one check per message or publish.
 
 - A PRODUCER span per ``publish`` (``publish {topic}``) and per ``publish_many`` (one span for
   the MPUB, with ``messaging.batch.message_count``), from the call until nsqd's answer.  When
-  the publish carries a JSON extension header (``ext=``, the partitioned server's extended
-  topics), the span's context goes into it (``traceparent``, ``tracestate``: the global
+  the publish carries a JSON extension header (``ext=``), or goes to an extended topic of the
+  partitioned server (lookupd said so: from the topic's first lookup on), the span's context
+  goes into it (``traceparent``, ``tracestate``: the global
   propagator's fields), beside the application's own keys, none of which it replaces.
 - A CONSUMER span per message handled (``process {topic}``): around each handler call of
   ``Consumer.run`` (the handler runs inside it: its spans are children), or, for a message
@@ -275,6 +276,9 @@ class _Instrumentation:
             try:
                 if ext is not None:
                     ext = _with_context(ext)
+                elif producer._core.extended(topic):
+                    # an extended topic (lookupd said so): a header of the context alone
+                    ext = _with_context({}) or None
                 request_id = send(ext)
                 sent = True
                 return await producer._wait(request_id)

@@ -350,6 +350,12 @@ class Producer:
             target = (rec.address, rec.slot)
             self._timers.set((TimerKind.RECONNECT, target), now + self._reconnects.delay(target))
 
+    def extended(self, topic: str) -> bool:
+        """lookupd said ``topic`` takes JSON extension headers (``ext=``: an extended topic
+        of the partitioned server), once its lookup answered; False before, and without
+        lookupd."""
+        return self._routes.extended(topic)
+
     def _partitioned(self, topic: str) -> bool:
         """Known to be served by the partitioned server (its lookup, or a connection)."""
         if self._routes.partitioned(topic):

@@ -24,6 +24,8 @@ class _TopicRoute:
     partition_num: int
     partitions: dict[int, tuple[str, int]]
     ordered: bool
+    #: the topic takes JSON extension headers (lookupd's ``extend_support``)
+    extended: bool = False
     next_rr: int = 0
 
 
@@ -51,6 +53,12 @@ class Routes:
         route = self.routes.get(topic)
         return route is not None and bool(route.partitions)
 
+    def extended(self, topic: str) -> bool:
+        """lookupd said ``topic`` takes JSON extension headers (an extended topic of the
+        partitioned server)."""
+        route = self.routes.get(topic)
+        return route is not None and route.extended
+
     def wanted(self, address: tuple[str, int]) -> bool:
         """Some topic's partition is led from ``address``."""
         return any(address in r.partitions.values() for r in self.routes.values())
@@ -70,7 +78,9 @@ class Routes:
             return None
         # no count from lookupd: 0, never the number of partitions listed (one may be missing)
         num = meta.partition_num if meta is not None and meta.partition_num > 0 else 0
-        route = _TopicRoute(num, partitions, bool(meta and meta.ordered))
+        route = _TopicRoute(
+            num, partitions, bool(meta and meta.ordered), bool(meta and meta.extend_support)
+        )
         if old is not None:
             route.next_rr = old.next_rr
         self.routes[topic] = route

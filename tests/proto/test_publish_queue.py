@@ -3,7 +3,7 @@ of made-up connections, no Producer and no Connection."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import pytest
@@ -432,3 +432,23 @@ def test_a_split_mpub_sends_each_publish_alone_at_once_its_attempt_not_counted()
         ([2], 1),
         ([3], 1),
     ]
+
+
+def test_a_topic_is_extended_once_lookupd_says_it_takes_headers() -> None:
+    routes = Routes(lookupd=True, hasher=None)
+    assert not routes.extended("t")  # not looked up yet
+    routes.apply("t", partitioned("n0"))
+    assert not routes.extended("t")
+    extended = partitioned("n0")
+    assert extended.meta is not None
+    routes.apply(
+        "t",
+        LookupResult(
+            partitions=extended.partitions, meta=replace(extended.meta, extend_support=True)
+        ),
+    )
+    assert routes.extended("t")
+    routes.apply("plain", LookupResult())  # a standard server: no headers
+    assert not routes.extended("plain")
+    routes.forget("t")
+    assert not routes.extended("t")

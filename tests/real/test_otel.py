@@ -286,10 +286,13 @@ def test_one_trace_crosses_the_partitioned_server_in_the_json_header(
             await producer.publish(
                 "otel_trace", b"own key", partition=0, ext={"traceparent": "mine"}
             )
+            # no header given: the topic is extended (lookupd said so), the context goes alone
+            with recorded.tracer.start_as_current_span("second request"):
+                await producer.publish("otel_trace", b"no header given", partition=0)
 
         async def handler(message: nsq_anyio.Message) -> None:
             got[message.body] = message.ext
-            if len(got) == 2:
+            if len(got) == 3:
                 await consumer.stop()
 
         async with nsq_anyio.Consumer(
@@ -302,11 +305,15 @@ def test_one_trace_crosses_the_partitioned_server_in_the_json_header(
     traced, own = got[b"traced"], got[b"own key"]
     assert traced is not None and traced["k"] == "v" and "traceparent" in traced
     assert own == {"traceparent": "mine"}
+    alone = got[b"no header given"]
+    assert alone is not None and set(alone) == {"traceparent"}
 
     request = next(s for s in recorded.spans.get_finished_spans() if s.name == "request")
     publishes = recorded.finished(SpanKind.PRODUCER)
-    assert len(publishes) == 2
-    publish = next(s for s in publishes if s.parent is not None)
+    assert len(publishes) == 3
+    publish = next(
+        s for s in publishes if s.parent is not None and s.parent.span_id == request.context.span_id
+    )
     assert publish.parent is not None and request.context is not None
     assert publish.parent.span_id == request.context.span_id
     assert publish.context is not None
@@ -322,3 +329,6 @@ def test_one_trace_crosses_the_partitioned_server_in_the_json_header(
     assert child.attributes is not None
     assert child.attributes["messaging.destination.partition.id"] == "0"
     assert root.parent is None  # "mine" is no context: a root span
+    second = spans[len(b"no header given")]
+    assert second.parent is not None
+    assert second.parent.span_id in {p.context.span_id for p in publishes if p.context}
