@@ -45,8 +45,8 @@ MISSING_METRICS = (
 
 _TEXT = "text/plain; charset=utf-8"
 
-#: the readiness of the worker: None when ready, else why not (one line)
-Readiness = Callable[[], "str | None"]
+#: the readiness of the worker: whether it is ready, and why (one line)
+Readiness = Callable[[], "tuple[bool, str]"]
 #: the metrics in the format an Accept header asks for: (body, content type)
 Exposition = Callable[[str], "tuple[bytes, str]"]
 
@@ -116,10 +116,8 @@ class Probes:
         if path == "/healthz":
             return _Answer(200, b"ok\n")
         if path == "/readyz":
-            why = self.readiness()
-            if why is None:
-                return _Answer(200, b"ok\n")
-            return _Answer(503, f"{why}\n".encode())
+            ready, why = self.readiness()
+            return _Answer(200 if ready else 503, f"{why}\n".encode())
         if path == "/metrics":
             if self.exposition is None:
                 return _Answer(501, f"{MISSING_METRICS}\n".encode())

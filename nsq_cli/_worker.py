@@ -536,20 +536,23 @@ class WorkerState:
         )
         return stats
 
-    def unready(self, topic: str) -> str | None:
-        """Why the worker is not ready to take messages, in one line (None when it is: at
-        least one connection subscribed, and not stopping)."""
+    def readiness(self, topic: str) -> tuple[bool, str]:
+        """Whether the worker is ready to take messages, and the one line that says why:
+        ready once a connection is subscribed, or while nsqlookupd lists no nsqd for the
+        topic (nothing is wrong: the topic is made by its first publish, and the worker takes
+        its messages then; a rollout must not wait for it); not while starting, stopping, or
+        while no nsqd that has the topic is connected."""
         if self.phase == "starting":
-            return "starting"
+            return False, "starting"
         if self.stopping:
-            return "stopping"
+            return False, "stopping"
+        if self.subscribed:
+            return True, "ok"
         if self.waiting_for_topic:
-            return f"waiting for topic {topic} to exist (nsqlookupd has no producer for it)"
+            return True, f"waiting for topic {topic} to exist (nsqlookupd has no producer for it)"
         if self.connected == 0:
-            return "not connected to any nsqd"
-        if self.subscribed == 0:
-            return "connected to nsqd, not subscribed yet"
-        return None
+            return False, "not connected to any nsqd"
+        return False, "connected to nsqd, not subscribed yet"
 
 
 def _summary(state: WorkerState, previous: int, seconds: float) -> str:
@@ -620,9 +623,9 @@ class _Worker:
             return None
         return self.state.update(self.consumer)
 
-    def unready(self) -> str | None:
+    def readiness(self) -> tuple[bool, str]:
         self.snapshot()
-        return self.state.unready(self.args.topic)
+        return self.state.readiness(self.args.topic)
 
     async def _probes(self) -> Callable[[], Coroutine[Any, Any, None]] | None:
         """With --http-address, its listener bound and how to serve it (None when it cannot
@@ -646,7 +649,7 @@ class _Worker:
         except ModuleNotFoundError as exc:
             if (exc.name or "").partition(".")[0] != "prometheus_client":
                 raise
-            probes = _probes.Probes(self.unready, None)
+            probes = _probes.Probes(self.readiness, None)
             self.serving = (
                 f"serving /healthz and /readyz on http://{address}; /metrics answers 501: "
                 f"{_probes.MISSING_METRICS}"
@@ -658,9 +661,9 @@ class _Worker:
                 self.state,
                 self.snapshot,
                 # read after the snapshot of the same scrape
-                lambda: self.state.unready(self.args.topic) is None,
+                lambda: self.state.readiness(self.args.topic)[0],
             )
-            probes = _probes.Probes(self.unready, _metrics.exposition(collector))
+            probes = _probes.Probes(self.readiness, _metrics.exposition(collector))
             self.serving = f"serving /healthz, /readyz and /metrics on http://{address}"
 
         async def serve() -> None:

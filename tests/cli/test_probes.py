@@ -56,7 +56,7 @@ async def test_a_failing_accept_is_logged_and_the_probes_go_on(
 ) -> None:
     listener = await _probes.listen("127.0.0.1", 0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    probes = _probes.Probes(lambda: None, None)
+    probes = _probes.Probes(lambda: (True, "ok"), None)
     async with anyio.create_task_group() as tg:
         tg.start_soon(probes.serve, _FailingAccepts(listener.listeners[0], 3))  # type: ignore[attr-defined]
         status, body = await anyio.to_thread.run_sync(_get, port, "/healthz")
@@ -70,7 +70,7 @@ async def test_a_failing_accept_is_logged_and_the_probes_go_on(
 async def test_connections_over_the_limit_are_closed_and_the_rest_answered() -> None:
     listener = await _probes.listen("127.0.0.1", 0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    probes = _probes.Probes(lambda: None, None)
+    probes = _probes.Probes(lambda: (True, "ok"), None)
     silent: list[socket.socket] = []
     try:
         async with anyio.create_task_group() as tg:
