@@ -162,7 +162,25 @@ def main() -> None:
     )
     rtt.add_option(parser)
     parser.add_argument("--backend", choices=["asyncio", "trio", "nsq_trio"], default="asyncio")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="with --backend asyncio: asyncio's own loop, or uvloop's (the uvloop extra); "
+        "the bare loop runs on the same",
+    )
     args = parser.parse_args()
+    if args.loop == "uvloop" and args.backend != "asyncio":
+        parser.error("--loop uvloop is a loop of --backend asyncio")
+    backend_options = {"use_uvloop": True} if args.loop == "uvloop" else {}
+
+    def run_bare(coro: Any) -> float:
+        if args.loop == "uvloop":
+            import uvloop
+
+            return float(uvloop.run(coro))
+        return float(asyncio.run(coro))
+
     if args.backend == "nsq_trio":
         lib = importlib.import_module("nsq_trio")
         backend = "trio"
@@ -178,28 +196,28 @@ def main() -> None:
         # a fresh topic, filled beforehand (straight, not through --rtt's delay): the run
         # measures consuming alone
         args.topic = f"{args.topic}_{uuid.uuid4().hex[:8]}"
-        asyncio.run(bare.pub(direct, args.topic, args.count + 1000, args.size))
+        run_bare(bare.pub(direct, args.topic, args.count + 1000, args.size))
     runner = pub if args.mode == "pub" else sub
     with rtt.through(direct, args.rtt) as address:
         args.nsqd_tcp_address = address
-        rate = anyio.run(runner, args, lib, backend=backend)
+        rate = anyio.run(runner, args, lib, backend=backend, backend_options=backend_options)
         if args.bare:
             # the same work on topics of its own, through raw frames on asyncio streams
             topic = f"{args.topic}_bare_{uuid.uuid4().hex[:8]}"
             if args.mode == "pub" and args.publishers:
-                bare_rate = asyncio.run(
+                bare_rate = run_bare(
                     bare.pub_singles(address, topic, args.count, args.size, args.publishers)
                 )
             elif args.mode == "pub":
-                bare_rate = asyncio.run(
+                bare_rate = run_bare(
                     bare.pub(address, topic, args.count, args.size, args.outstanding)
                 )
             else:
-                asyncio.run(bare.pub(direct, topic, args.count + 1000, args.size))
-                bare_rate = asyncio.run(bare.sub(address, topic, "bench", args.count))
+                run_bare(bare.pub(direct, topic, args.count + 1000, args.size))
+                bare_rate = run_bare(bare.sub(address, topic, "bench", args.count))
             print(f"bare_{args.mode}_msgs_per_s={bare_rate:.1f} ratio={rate / bare_rate:.2f}")
     print(
-        f"backend={args.backend} count={args.count} size={args.size} "
+        f"backend={args.backend} loop={args.loop} count={args.count} size={args.size} "
         f"style={args.style} concurrency={args.concurrency} handler_sleep={args.handler_sleep} "
         f"publishers={args.publishers} rtt_ms={args.rtt}"
     )
