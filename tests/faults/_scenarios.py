@@ -63,17 +63,26 @@ def drained(target: Target, i: int, topic: str) -> bool:
 async def kill_mid_consume(
     lib: ModuleType, way: tuple[str, str], target: Target, topic: str
 ) -> None:
-    """kill -9 of the only nsqd while a handler consumes; it comes back on the same port."""
+    """kill -9 of the only nsqd while a handler consumes; it comes back on the same port.
+
+    The reconnection is timed from the restart to the first message of a new connection: a
+    message published after the restart comes behind what nsqd kept on disk, so its arrival
+    also measures how fast the machine drains that backlog (seconds on a starved machine)."""
     address = target.nsqd_tcp_addresses[0]
     before = [b"a%d" % i for i in range(1500)]
     await publish_all(lib, address, topic, before)
+    pressure = CpuPressure()
     seen: Counter[bytes] = Counter()
-    fresh: list[float] = []
+    old_connections: set[int] = set()
+    restarted: list[float] = []
+    reconnected: list[float] = []
 
     async def handler(message: Any) -> None:
         seen[message.body] += 1
-        if message.body == b"fresh" and not fresh:
-            fresh.append(time.monotonic())
+        if not restarted:
+            old_connections.add(message.conn_id)
+        elif not reconnected and message.conn_id not in old_connections:
+            reconnected.append(time.monotonic())
         await anyio.sleep(0)
 
     async with lib.Consumer(
@@ -91,21 +100,23 @@ async def kill_mid_consume(
             await target.kill(0)
             await anyio.sleep(1.0)
             await target.restart(0)
-            restarted = time.monotonic()
+            restarted.append(time.monotonic())
             await publish_all(lib, address, topic, [b"fresh"])
-            await until(lambda: bool(fresh))
+            await until_still(lambda: b"fresh" in seen, lambda: len(seen), stall=30.0)
             await until(lambda: drained(target, 0, topic))  # what nsqd still had arrives too
             await consumer.stop()
     lost = [b for b in before if b not in seen]
+    reconnect_s = reconnected[0] - restarted[0]
     report(
         _name(target, "kill -9 mid-consume, direct", way),
-        reconnect_s=fresh[0] - restarted,
+        reconnect_s=reconnect_s,
         lost_in_nsqd_memory=len(lost),
         duplicates=sum(n - 1 for n in seen.values()),
     )
     # kill -9 loses what nsqd held in memory only: at most the messages in flight
     assert len(lost) <= 52
-    assert fresh[0] - restarted < 5.0
+    # reconnected within a few of its delays (at most 1 s each), however busy the machine
+    assert reconnect_s < 5.0, pressure.against_goal("reconnection", reconnect_s, 5.0)
 
 
 async def kill_behind_lookupd(
