@@ -53,6 +53,7 @@ from nsq_proto import (
     LookupFailed,
     MessageGivenUp,
     Ready,
+    Stopped,
     TraceReceipt,
     __version__,
 )
@@ -168,6 +169,11 @@ class _Instrumentation:
     def __init__(self, tracer: trace.Tracer, meter: metrics.Meter) -> None:
         self.tracer = tracer
         self._seen: weakref.WeakKeyDictionary[Consumer, _ConsumerSeen] = weakref.WeakKeyDictionary()
+        #: (topic, channel) -> [finished, requeued] of the consumers that stopped, whose
+        #: counts the observable counters keep (a counter never goes down when a consumer
+        #: stops and is collected); those consumers are in ``_retired_consumers``
+        self._retired: dict[tuple[str, str], list[int]] = {}
+        self._retired_consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
         counter = meter.create_counter
         self.sent = counter(
             "messaging.client.sent.messages",
@@ -220,13 +226,13 @@ class _Instrumentation:
             "nsq.client.messages.finished",
             [self._observe_finished],
             "{message}",
-            "Messages finished (FIN), over the consumers alive",
+            "Messages finished (FIN) by the consumers of this process",
         )
         meter.create_observable_counter(
             "nsq.client.messages.requeued",
             [self._observe_requeued],
             "{message}",
-            "Messages requeued (REQ), over the consumers alive",
+            "Messages requeued (REQ) by the consumers of this process",
         )
         meter.create_observable_gauge(
             "nsq.client.connection.in_flight",
@@ -395,6 +401,12 @@ class _Instrumentation:
             self.lookupd_failures.add(1, _consumer_attributes(consumer, event.address))
         elif isinstance(event, MessageGivenUp):
             self.given_up.add(1, _consumer_attributes(consumer))
+        elif isinstance(event, Stopped) and consumer not in self._retired_consumers:
+            # its counts stop moving: kept among the retired ones from now on
+            self._retired_consumers.add(consumer)
+            totals = self._retired.setdefault((consumer.topic, consumer.channel), [0, 0])
+            totals[0] += consumer._core.messages_finished
+            totals[1] += consumer._core.messages_requeued
 
     # ------------------------------------------------------------------ observed
 
@@ -402,9 +414,15 @@ class _Instrumentation:
         if _telemetry.hooks.active is self:  # nothing once uninstrumented
             yield from list(_telemetry.consumers)
 
-    def _summed(self, count: Callable[[Consumer], int]) -> Iterable[Observation]:
-        totals: dict[tuple[str, str], int] = {}
+    def _summed(self, count: Callable[[Consumer], int], retired: int) -> Iterable[Observation]:
+        """Per topic and channel, ``count`` summed over the consumers running and the
+        ``retired`` count of those that stopped."""
+        totals = {key: counts[retired] for key, counts in self._retired.items()}
+        if _telemetry.hooks.active is not self:  # nothing once uninstrumented
+            return
         for consumer in self._consumers():
+            if consumer in self._retired_consumers:
+                continue
             key = (consumer.topic, consumer.channel)
             totals[key] = totals.get(key, 0) + count(consumer)
         for (topic, channel), total in totals.items():
@@ -418,10 +436,10 @@ class _Instrumentation:
             )
 
     def _observe_finished(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._summed(lambda c: c._core.messages_finished)
+        return self._summed(lambda c: c._core.messages_finished, 0)
 
     def _observe_requeued(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._summed(lambda c: c._core.messages_requeued)
+        return self._summed(lambda c: c._core.messages_requeued, 1)
 
     def _per_connection(self, field: str) -> Iterator[Observation]:
         for consumer in self._consumers():

@@ -6,6 +6,7 @@ Runs when ``NSQD`` (and, for the trace across the partitioned server, ``NSQD_PAR
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +40,9 @@ class Recorded:
     def finished(self, kind: SpanKind) -> list[ReadableSpan]:
         return [s for s in self.spans.get_finished_spans() if s.kind is kind]
 
-    def points(self, name: str) -> list[Any]:
-        """The data points of metric ``name`` at a collection now."""
+    def points(self, name: str, topic: str | None = None) -> list[Any]:
+        """The data points of metric ``name`` at a collection now (of ``topic`` alone: the
+        consumers of the other tests this process ran count too)."""
         data = self.metrics.get_metrics_data()
         found: list[Any] = []
         if data is None:  # nothing recorded
@@ -49,11 +51,16 @@ class Recorded:
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
                     if metric.name == name:
-                        found.extend(metric.data.data_points)
+                        found.extend(
+                            p
+                            for p in metric.data.data_points
+                            if topic is None
+                            or (p.attributes or {}).get("messaging.destination.name") == topic
+                        )
         return found
 
-    def total(self, name: str) -> int:
-        return sum(p.value for p in self.points(name))
+    def total(self, name: str, topic: str | None = None) -> int:
+        return sum(p.value for p in self.points(name, topic))
 
     def count(self, name: str) -> int:
         """How many values histogram ``name`` recorded."""
@@ -115,9 +122,12 @@ def test_publishes_and_handlers_are_spans_and_metrics_and_handlers_are_root_span
         async with nsq_anyio.Consumer("otel_spans", "c", nsqd_tcp_addresses=[address]) as consumer:
             with recorded.tracer.start_as_current_span("service"), anyio.fail_after(30):
                 await consumer.run(handler, concurrency=4)
-            assert recorded.total("nsq.client.messages.finished") == 7
+            assert recorded.total("nsq.client.messages.finished", "otel_spans") == 7
 
     anyio.run(main)
+    # stopped, then collected: its counts stay in the counter (a counter never goes down)
+    gc.collect()
+    assert recorded.total("nsq.client.messages.finished", "otel_spans") == 7
     in_flight = gauges["nsq.client.connection.in_flight"]
     assert [(p.attributes["server.port"], p.value >= 1) for p in in_flight] == [(int(port), True)]
     assert [p.value >= 1 for p in gauges["nsq.client.connection.rdy"]] == [True]
@@ -196,7 +206,7 @@ def test_a_handler_that_raises_makes_an_error_span_and_its_retry_an_ok_one(
         ) as consumer:
             with anyio.fail_after(30):
                 await consumer.run(handler)
-            assert recorded.total("nsq.client.messages.requeued") == 1
+            assert recorded.total("nsq.client.messages.requeued", "otel_errors") == 1
 
     anyio.run(main)
     assert attempts == [1, 2]
