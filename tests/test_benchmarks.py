@@ -96,6 +96,40 @@ def test_the_throughput_benchmark_runs_single_publishers_and_across_a_round_trip
     figure(output, "bare_sub_msgs_per_s")
 
 
+@real
+def test_the_throughput_benchmark_runs_on_uvloop(nsqd: Nsqd) -> None:
+    """``--loop uvloop``: the client (anyio's use_uvloop) and the bare loop on uvloop."""
+    script = str(BENCHMARKS / "throughput.py")
+    common = ["--nsqd-tcp-address", nsqd.tcp_address, "--loop", "uvloop", "--bare"]
+    output = run(script, "pub", *common, "--publishers", "20", "--count", "400")
+    figure(output, "pub_msgs_per_s")
+    figure(output, "bare_pub_msgs_per_s")
+    assert "loop=uvloop" in output
+    output = run(script, "sub", *common, "--count", "2000", "--topic", "bench_uvloop")
+    figure(output, "sub_msgs_per_s")
+    figure(output, "bare_sub_msgs_per_s")
+
+
+def test_the_profile_breakdown_sorts_samples_into_stages(tmp_path: Path) -> None:
+    """A py-spy raw profile: each sample in the stage of its innermost frame, only under the
+    consuming phase."""
+    run_ = "main (throughput.py:203);run (anyio/_core/_eventloop.py:74)"
+    profile = tmp_path / "sub.txt"
+    profile.write_text(
+        f"{run_};Connection._frames (nsq_proto/_connection.py:387) 6\n"
+        f"{run_};Consumer.finish (nsq_proto/_consumer.py:679) 2\n"
+        f"{run_};Consumer._worker (nsq_client/_consumer.py:412) 1\n"
+        f"{run_};BaseEventLoop._run_once (asyncio/base_events.py:1845) 1\n"
+        "main (throughput.py:188);pub (bare.py:40) 50\n"  # filling the topic: not counted
+    )
+    output = run(str(BENCHMARKS / "profile_breakdown.py"), str(profile))
+    assert "samples: 10" in output
+    assert " 60.0 %  decoding frames into messages" in output
+    assert " 20.0 %  the core's books" in output
+    assert " 10.0 %  handler dispatch" in output
+    assert " 10.0 %  the event loop" in output
+
+
 def test_the_throughput_benchmark_says_publishers_is_a_mode_of_pub() -> None:
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "throughput.py"), "sub", "--publishers", "2"],
