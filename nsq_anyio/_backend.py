@@ -7,6 +7,7 @@ import contextlib
 import math
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -75,7 +76,13 @@ class AnyioBackend(BackendBase):
         """The running loop's clock as a plain callable (what anyio.current_time reads, without
         looking the event loop up on every call)."""
         loop = _asyncio_loop()
-        return anyio.current_time if loop is None else loop.time
+        if loop is None:
+            return anyio.current_time
+        if type(loop).time is asyncio.BaseEventLoop.time:
+            # asyncio's own clock is time.monotonic() behind a Python method: the function
+            # itself, one frame fewer on every message and publish
+            return time.monotonic
+        return loop.time  # another loop's own clock (uvloop's)
 
     def event(self) -> anyio.Event | LoopEvent:
         """On asyncio, an event of the loop's own futures (anyio's wraps asyncio's, four times

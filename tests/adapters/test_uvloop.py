@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from typing import Any
 
 import anyio
@@ -13,6 +14,7 @@ import pytest
 import trustme
 
 import nsq_anyio
+from nsq_anyio._backend import AnyioBackend
 from nsq_anyio._server import serve_emulator
 
 uvloop = pytest.importorskip("uvloop")
@@ -55,3 +57,20 @@ def test_publish_and_consume_on_uvloop(tls: bool) -> None:
 
     got = anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
     assert sorted(got) == [b"one", b"three", b"two"]
+
+
+def test_the_clock_is_the_loops_own() -> None:
+    """The client reads the running loop's clock: on asyncio's own loop time.monotonic
+    itself (what BaseEventLoop.time returns, without its frame), on uvloop uvloop's."""
+    backend = AnyioBackend()
+
+    async def clocks() -> tuple[Any, float, float]:
+        clock = backend.clock()
+        loop = asyncio.get_running_loop()
+        return clock, clock(), loop.time()
+
+    clock, read, loops = anyio.run(clocks, backend="asyncio")
+    assert clock is time.monotonic and abs(read - loops) < 1.0
+    clock, read, loops = anyio.run(clocks, backend="asyncio", backend_options={"use_uvloop": True})
+    assert clock is not time.monotonic and abs(read - loops) < 1.0
+    assert getattr(clock, "__self__", None) is not None  # uvloop's loop.time, bound
