@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +34,7 @@ from tests.cli.test_worker import (
     worker,
 )
 from tests.support import ROOT
+from tests.support.extras import program_without
 from tests.support.net import free_port
 from tests.support.servers import MISSING, NSQD, NSQLOOKUPD, Lookupd, Nsqd
 
@@ -44,29 +44,13 @@ needs_nsqd = pytest.mark.skipif(not (NSQD and NSQLOOKUPD), reason=MISSING)
 
 PAGE = ROOT / "docs" / "production.md"
 
-#: the worker run where some modules cannot be imported (as where they are not installed)
-BLOCKED = """\
-import sys
-
-BLOCKED = {blocked!r}
-
-
-class _NotInstalled:
-    def find_spec(self, name, path=None, target=None):
-        if name in BLOCKED or name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _NotInstalled())
-from nsq_cli import main
-
-sys.exit(main(prog="python -m nsq_cli"))
-"""
+#: the worker, run as ``python -m nsq_cli`` runs it
+_MAIN = 'from nsq_cli import main\n\nsys.exit(main(prog="python -m nsq_cli"))\n'
 
 
 def without(*modules: str) -> list[str]:
-    return [sys.executable, "-c", BLOCKED.format(blocked=sorted(modules))]
+    """The worker's command where ``modules`` cannot be imported (as where not installed)."""
+    return program_without(modules, _MAIN)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import sys
 
 class _NotInstalled:
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in {blocked!r}:
+        if name in {blocked!r} or name.partition(".")[0] in {blocked!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
         return None
 
@@ -62,6 +62,12 @@ def program_with(extras: Iterable[str], code: str) -> list[str]:
     allowed = set().union(*(installed[extra] for extra in extras))
     blocked = set().union(*(installed[part] for part in PARTS)) - allowed
     return [sys.executable, "-c", _PRELUDE.format(blocked=sorted(blocked)) + code]
+
+
+def program_without(modules: Iterable[str], code: str) -> list[str]:
+    """A command running ``code`` where ``modules`` (top-level, or dotted: a module of the
+    project) cannot be imported, as where they are not installed."""
+    return [sys.executable, "-c", _PRELUDE.format(blocked=sorted(modules)) + code]
 
 
 def uses(extras: Iterable[str], names: Iterable[str], *, on_trio: bool = False) -> list[str]:
