@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from tests.support.load import CpuPressure, wait_while_moving
 
 from ._cluster import ROOT, Cluster, spark_env
 from .helpers import wait_for
+from .sink_log import SinkLog
 from .test_driver_restarts import NSQD, RealNSQD, _alive, _descendants
 
 pytestmark = [
@@ -132,6 +133,7 @@ class Driver:
         **extra: object,
     ) -> None:
         self.out, self.checkpoint = tmp / "out", tmp / "cp"
+        self.sink = SinkLog(self.out)
         options = {
             "nsqd_tcp_addresses": ",".join(n.address for n in nodes),
             "nsqd_http_addresses": ",".join(n.http for n in nodes),
@@ -193,39 +195,31 @@ class Driver:
         self.log.close()
 
     def batches(self) -> list[list[dict[str, Any]]]:
-        """The rows of each committed batch of the file sink's log.  Every tenth batch's entry
-        is a compacted log (``N.compact``) listing the files of every batch so far: the files
-        it lists first are that batch's."""
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]  # no type information
-
-        log = self.out / "_spark_metadata"
-        if not log.exists():
-            return []
-        entries = [
-            (int(e.name.split(".")[0]), e)
-            for e in log.iterdir()
-            if not e.name.startswith(".") and e.name.split(".")[0].isdigit()
-        ]
-        seen: set[str] = set()
-        out = []
-        for _, entry in sorted(entries, key=lambda x: x[0]):
-            rows: list[dict[str, Any]] = []
-            for line in entry.read_text().splitlines()[1:]:
-                if line.strip():
-                    path = json.loads(line)["path"].removeprefix("file:")
-                    if path not in seen:
-                        seen.add(path)
-                        rows.extend(pq.read_table(path).to_pylist())
-            out.append(rows)
-        return out
+        """The rows of each committed batch of the file sink's log."""
+        return self.sink.batches()
 
     def rows(self) -> list[dict[str, Any]]:
-        return [row for batch in self.batches() for row in batch]
+        return self.sink.rows()
 
     def committed(self) -> int:
         """How many batches the sink's log holds (cheap: a directory listing)."""
-        log = self.out / "_spark_metadata"
-        return len(list(log.iterdir())) if log.exists() else 0
+        return len(self.sink.entries())
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines that the driver logged (its progress bars left out)."""
+        path = self.out.parent / "driver.log"
+        try:
+            with path.open("rb") as f:
+                f.seek(max(0, path.stat().st_size - 64_000))
+                text = f.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(no driver log: {exc})"
+        kept = [
+            line.rstrip()
+            for line in text.replace("\r", "\n").splitlines()
+            if line.strip() and not line.lstrip().startswith("[Stage ")
+        ]
+        return "\n".join(kept[-lines:]) or "(nothing)"
 
     def activity(self, nodes: list[RealNSQD], topic: str, cluster: Cluster) -> tuple[Any, ...]:
         """What changes while the query works: the sink's log, the checkpoint's files, the
@@ -260,29 +254,73 @@ class Driver:
         cluster: Cluster,
         done: Callable[[list[dict[str, Any]]], bool],
         what: str,
+        *,
+        expected: Collection[Any] | None = None,
+        column: str = "body",
     ) -> list[dict[str, Any]]:
         """The rows committed, once ``done(rows)``; fails when the query did not move (see
-        :meth:`activity`) for ``STALL`` seconds, or the driver ended."""
+        :meth:`activity`) for ``STALL`` seconds, or the driver ended, saying what the sink
+        holds then (of the ``expected`` values of ``column``: how many are there, which are
+        missing or written twice) and the last lines the driver logged."""
         rows: list[dict[str, Any]] = []
-        seen = -1
+        seen: tuple[str, ...] | None = None
 
         def ready() -> bool:
             nonlocal rows, seen
             if self.proc.poll() is not None:
                 raise AssertionError(f"the driver ended with status {self.proc.returncode}")
-            committed = self.committed()
-            if committed != seen:  # the rows again only when a batch was committed
-                seen, rows = committed, self.rows()
+            entries = self.sink.entries()
+            if entries != seen:  # the rows again only when a batch was committed
+                seen, rows = entries, self.rows()
             return done(rows)
 
-        wait_while_moving(
-            ready,
-            lambda: self.activity(nodes, topic, cluster),
-            stall=STALL,
-            interval=0.5,
-            what=what,
-        )
+        try:
+            wait_while_moving(
+                ready,
+                lambda: self.activity(nodes, topic, cluster),
+                stall=STALL,
+                interval=0.5,
+                what=what,
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\n{self.describe_rows(done, expected, column)}\n"
+                f"the driver's last lines:\n{self.log_tail()}"
+            ) from exc
         return rows
+
+    def describe_rows(
+        self,
+        done: Callable[[list[dict[str, Any]]], bool],
+        expected: Collection[Any] | None = None,
+        column: str = "body",
+    ) -> str:
+        """What the sink holds now, read afresh: its batches and rows; of the ``expected``
+        values of ``column``, how many are there, and a few missing, written twice or never
+        sent."""
+        try:
+            entries, batches = self.sink.entries(), self.batches()
+        except (OSError, ValueError) as exc:
+            return f"the sink's log could not be read: {exc!r}"
+        rows = [row for batch in batches for row in batch]
+        said = [
+            f"the sink's log: {len(entries)} batches ({', '.join(entries[-5:]) or 'none'}), "
+            f"{len(rows)} rows ({[len(b) for b in batches[-10:]]} in the last batches)"
+        ]
+        if done(rows):
+            said.append("read again now, the rows are what was awaited")
+        if expected is not None:
+            want = set(expected)
+            written = collections.Counter(row.get(column) for row in rows)
+            missing = sorted(want - set(written), key=repr)
+            twice = sorted((v for v, n in written.items() if n > 1), key=repr)
+            stray = sorted(set(written) - want, key=repr)
+            said.append(
+                f"{len(want) - len(missing)} of {len(want)} expected {column}s written, "
+                f"{len(missing)} missing (e.g. {missing[:5]}), {len(twice)} written more than "
+                f"once (e.g. {twice[:5]}), {len(stray)} never sent (e.g. {stray[:5]})"
+            )
+        return "; ".join(said)
 
 
 def _socket_pids(pids: Iterable[int] | None = None) -> dict[int, int]:
@@ -506,6 +544,7 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
                 spark_cluster,
                 lambda r: {x["body"] for x in r} == expected,
                 f"every one of {len(expected)} messages written",
+                expected=expected,
             )
         except AssertionError as exc:
             missing = expected - {x["body"] for x in driver.rows()}
@@ -661,36 +700,59 @@ def test_speculative_copies_of_a_slow_task_lose_and_duplicate_nothing(
             "NSQ_SPARK_SLOW": "60",
         },
     )
-    try:
-        expected = set(sent)
-        driver.wait_rows(
-            two_nsqd,
-            topic,
-            two_host_cluster,
-            lambda r: {x["body"] for x in r} == expected,
-            f"every one of {len(expected)} messages written",
+    expected = set(sent)
+
+    def attempts() -> list[tuple[Any, ...]]:
+        """(Start or End, stage, task, attempt, host, speculative, how it ended)."""
+        try:
+            events_seen = _task_events(events)
+        except (OSError, ValueError):  # a log being written: what can be read of it
+            return []
+        return [
+            (
+                e["Event"].removeprefix("SparkListenerTask"),
+                e.get("Stage ID"),
+                e["Task Info"]["Index"],
+                e["Task Info"]["Attempt"],
+                e["Task Info"]["Host"],
+                e["Task Info"]["Speculative"],
+                e.get("Task End Reason", {}).get("Reason"),
+            )
+            for e in events_seen
+        ]
+
+    def story() -> str:
+        """What nsqd, Spark's tasks and the driver tell, for a failure's message."""
+        return (
+            f"nsqd: {[stats(n, topic) for n in two_nsqd]}\ntask attempts: {attempts()}\n"
+            f"the driver's last lines:\n{driver.log_tail()}"
         )
+
+    try:
+        try:
+            driver.wait_rows(
+                two_nsqd,
+                topic,
+                two_host_cluster,
+                lambda r: {x["body"] for x in r} == expected,
+                f"every one of {len(expected)} messages written",
+                expected=expected,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\ntask attempts: {attempts()}") from exc
     finally:
         driver.stop()
-    copies = collections.Counter(r["body"] for r in driver.rows())  # all it wrote, stopped
-    assert [b for b, c in copies.items() if c > 1] == []  # not one duplicate
-    assert sorted(copies) == sorted(sent)
+    # all it wrote, once stopped: each message once
+    done = collections.Counter(r["body"] for r in driver.rows())
+    assert set(done.values()) == {1} and sorted(done) == sorted(sent), (
+        f"{driver.describe_rows(lambda r: False, expected)}\n{story()}"
+    )
     for node in two_nsqd:
         final = stats(node, topic)
         assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)
     # Spark did copy the slow task, and took the copy's rows
-    attempts = [
-        (
-            e["Event"].removeprefix("SparkListenerTask"),
-            e["Task Info"]["Index"],
-            e["Task Info"]["Attempt"],
-            e["Task Info"]["Host"],
-            e["Task Info"]["Speculative"],
-            e.get("Task End Reason", {}).get("Reason"),
-        )
-        for e in _task_events(events)
-    ]
-    assert [a for a in attempts if a[0] == "End" and a[4] and a[5] == "Success"], attempts
+    seen = attempts()
+    assert [a for a in seen if a[0] == "End" and a[5] and a[6] == "Success"], seen
 
 
 def test_a_spark_connect_client_reads_on_the_cluster(
