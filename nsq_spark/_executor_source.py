@@ -21,7 +21,9 @@ A task (on an executor) reads its partition:
   share is requeued before the connection closes.
 
 A task whose connections all ended after nsqd answered ``CLS`` with ``CLOSE_WAIT``, with no
-FIN refused, knows nsqd processed its FINs and marks its rows confirmed.  ``commit(end)``
+FIN refused, knows nsqd processed its FINs and marks its rows confirmed.  A task of a batch
+that was committed already (a slow attempt that speculation copied) takes no message: see
+``_staging``.  ``commit(end)``
 keeps the ids of unconfirmed rows (nsqd may deliver those messages again: a later task FINs
 such a copy without making a row of it) and deletes the staged rows of the committed
 batches.  ``availableNow`` takes the
@@ -769,11 +771,21 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         table = self.staging.read(run, batch, index)
         if table is None:
             self.staging.check_shared(run)
+            self._check_not_late(partition)
             arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
             suspects = self.staging.suspects(run, partition.part.source)
 
             def stage(rows: pa.Table) -> bool:
-                return self.staging.publish(run, batch, index, rows)
+                won = self.staging.publish(run, batch, index, rows)
+                if won:
+                    # the name is free again once a committed batch's rows were deleted: the
+                    # rows of this attempt would never be written, its messages go back
+                    try:
+                        self._check_not_late(partition)
+                    except LateAttempt:
+                        self.staging.discard(run, batch, index)
+                        raise
+                return won
 
             with fewer_collections():
                 table, won, confirmed = anyio.run(
@@ -787,10 +799,26 @@ class NSQExecutorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             if not won:
                 table = self.staging.read(run, batch, index)
                 if table is None:
+                    self._check_not_late(partition)  # committed and deleted meanwhile
                     raise RuntimeError(f"the staged rows of {partition!r} are gone")
         if ID_COLUMN in table.column_names:
             table = table.drop_columns([ID_COLUMN])
         yield from table.replace_schema_metadata(None).to_batches()
+
+    def _check_not_late(self, partition: NSQStagedPartition) -> None:
+        committed = self.staging.committed(partition.run)
+        if committed >= partition.batch:
+            raise LateAttempt(
+                f"batch {partition.batch} of the nsq source was committed already (the last "
+                f"committed is {committed}): this attempt of its partition {partition.value} "
+                "ran late (another attempt's rows were written: a speculative copy, or a task "
+                "Spark was ending) and takes no message"
+            )
+
+
+class LateAttempt(RuntimeError):
+    """A task of a batch that was committed already: Spark keeps none of its rows, so it
+    takes (or keeps) no message."""
 
 
 def _encode(part: Part) -> list[Any]:

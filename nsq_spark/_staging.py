@@ -10,6 +10,17 @@ every executor reach (a local path, or any ``pyarrow.fs`` URI: ``hdfs://``, ``s3
 ``<location>/<run>/_suspects/<batch>-<partition>.arrow``   at commit, the ids of staged rows
                                whose FIN was not confirmed: nsqd may deliver them again, and
                                a later task recognizes them (kept ``redelivery_window``)
+``<location>/<run>/_committed/<batch>``   the last batch committed (written before its staged
+                               rows are deleted)
+
+An attempt of a batch that was committed already (the slow attempt that speculation copied,
+or a task that Spark is ending) ran too late: Spark keeps no row of it.  It must not take
+messages then (they would be FINished and never written), so a task looks at the last batch
+committed before it consumes, and again once it staged (the name of its batch's rows is free
+again once they were deleted): too late, it deletes what it staged, gives its messages back
+and fails.  A late attempt killed in between leaves its rows staged: the driver deletes them
+at its next commit without taking their ids for written (their messages come back after
+``msg_timeout``, and are rows then).
 
 A file is written under a temporary name and then moved to its name, without replacing one
 already there: the first writer wins, and a task that loses reads the winner's rows.  On a
@@ -35,6 +46,7 @@ __all__ = ["Staging", "StagingNotShared", "default_staging_location"]
 
 _MARKER = "_source"
 _SUSPECTS = "_suspects"
+_COMMITTED = "_committed"
 #: the column of the staged rows that holds their messages' ids, and the schema metadata key
 #: of the nsqd they came from
 ID_COLUMN = "__nsq_id"
@@ -103,23 +115,55 @@ class Staging:
                 out.write(b"nsq_spark staging\n")
 
     def delete_through(self, run: str, batch: int, *, redelivery_window: float = 0.0) -> int:
-        """Delete the staged rows of the run's batches up to ``batch``; how many batches.
+        """Commit the run's batches up to ``batch``: delete their staged rows; how many
+        batches.
 
-        The ids of rows whose FIN nsqd did not confirm are kept first, as suspects, and
-        suspects older than ``redelivery_window`` seconds go."""
+        The ids of rows whose FIN nsqd did not confirm are kept first, as suspects, then the
+        batch is marked committed, then the rows go; suspects older than
+        ``redelivery_window`` seconds go too.  Rows staged under a batch committed earlier
+        are a late attempt's, never written: deleted, and not suspects."""
         fs, _ = self._open()
         directory = self._run_dir(run)
+        before = self.committed(run)
         selector = pafs.FileSelector(directory, allow_not_found=True, recursive=False)
-        deleted = 0
-        for info in fs.get_file_info(selector):
-            named = info.type == pafs.FileType.Directory and info.base_name.isdigit()
-            if named and int(info.base_name) <= batch:
-                self._keep_suspects(fs, run, info.path, int(info.base_name))
-                with contextlib.suppress(FileNotFoundError):
-                    fs.delete_dir(info.path)
-                deleted += 1
+        batches = [
+            (int(info.base_name), info.path)
+            for info in fs.get_file_info(selector)
+            if info.type == pafs.FileType.Directory
+            and info.base_name.isdigit()
+            and int(info.base_name) <= batch
+        ]
+        for number, path in batches:
+            if number > before:
+                self._keep_suspects(fs, run, path, number)
+        if batch > before:
+            self._mark_committed(fs, run, batch)
+        for _number, path in batches:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_dir(path)
         self._expire_suspects(fs, run, redelivery_window)
-        return deleted
+        return len(batches)
+
+    def committed(self, run: str) -> int:
+        """The last batch of the run that the driver committed (0: none)."""
+        fs, _ = self._open()
+        selector = pafs.FileSelector(
+            f"{self._run_dir(run)}/{_COMMITTED}", allow_not_found=True, recursive=False
+        )
+        names = [info.base_name for info in fs.get_file_info(selector)]
+        return max((int(name) for name in names if name.isdigit()), default=0)
+
+    def _mark_committed(self, fs: Any, run: str, batch: int) -> None:
+        """A file named after the batch, then the older ones go: one is always there."""
+        directory = f"{self._run_dir(run)}/{_COMMITTED}"
+        fs.create_dir(directory, recursive=True)
+        with fs.open_output_stream(f"{directory}/{batch}"):
+            pass
+        selector = pafs.FileSelector(directory, allow_not_found=True, recursive=False)
+        for info in fs.get_file_info(selector):
+            if info.base_name.isdigit() and int(info.base_name) < batch:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(info.path)
 
     def _keep_suspects(self, fs: Any, run: str, directory: str, batch: int) -> None:
         selector = pafs.FileSelector(directory, allow_not_found=True, recursive=False)
@@ -194,6 +238,12 @@ class Staging:
             if (table.schema.metadata or {}).get(NSQD_KEY) == nsqd.encode():
                 ids.update(table.column(ID_COLUMN).to_pylist())
         return frozenset(ids)
+
+    def discard(self, run: str, batch: int, index: int) -> None:
+        """Delete the rows this task staged (a late attempt's: never written)."""
+        fs, _ = self._open()
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(self.path(run, batch, index))
 
     def confirm(self, run: str, batch: int, index: int) -> None:
         """nsqd confirmed the FINs of the staged rows of this task."""

@@ -202,9 +202,13 @@ def test_tasks_consume_stage_and_replay(emulator: Emulator, tmp_path: Path) -> N
     stats = emulator.channel_stats(topic, "c")
     assert (stats.depth, stats.in_flight_count, stats.message_count) == (0, 0, n)
     assert (stats.requeue_count, stats.timeout_count) == (0, 0)
-    # committed batches leave nothing staged behind
+    # committed batches leave nothing staged behind (the last one committed is marked)
     run = start["run"]
-    assert [p.name for p in (tmp_path / "stage" / run).iterdir()] == ["_source"]
+    assert sorted(p.name for p in (tmp_path / "stage" / run).iterdir()) == [
+        "_committed",
+        "_source",
+    ]
+    assert r.staging.committed(run) == start["batch"]
 
 
 def test_available_now_plans_again_what_tasks_left_of_their_plan(
@@ -503,6 +507,106 @@ def test_an_attempt_that_loses_the_race_requeues_and_returns_the_winners_rows(
     assert got == []
     stats = emulator.channel_stats(topic, "c")
     assert (stats.depth, stats.in_flight_count, stats.requeue_count) == (3, 0, 3)
+
+
+def test_an_attempt_of_a_committed_batch_consumes_nothing(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    # a slow attempt (the one that speculation copied, or a task Spark is ending) starts
+    # reading only once its copy's rows were committed and the driver deleted them: it must
+    # not take the messages of the next batches (Spark keeps no row of it)
+    topic = "exec-late-attempt"
+    bodies = [f"m{i:02d}".encode() for i in range(10)]
+    emulator.publish(topic, bodies)
+    r = reader(emulator, topic, tmp_path, max_messages_per_trigger=4)
+    start = r.initialOffset()
+    end, (part,) = plan_next(r, start)
+    written = [row["body"] for row in rows(r, part)]  # the copy
+    assert len(written) == 4
+    r.commit(end)
+    with pytest.raises(RuntimeError, match="committed already"):
+        rows(r, part)  # the slow attempt, late
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count) == (6, 0)
+    written += _read_to_the_end(r, end)
+    assert sorted(written) == bodies
+
+
+def test_an_attempt_that_stages_after_its_batch_was_committed_gives_back_what_it_took(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    # the slow attempt found nothing staged and consumed; meanwhile its copy consumed other
+    # messages, staged and FINished them, and the batch was committed (the staged rows
+    # deleted): the slow attempt's staging then finds the name free, but its rows are never
+    # written, so its messages go back to nsqd
+    topic = "exec-late-stage"
+    bodies = [f"m{i:02d}".encode() for i in range(10)]
+    emulator.publish(topic, bodies)
+    r = reader(emulator, topic, tmp_path, max_messages_per_trigger=4)
+    start = r.initialOffset()
+    end, (part,) = plan_next(r, start)
+    original = Staging.publish
+    copy_wrote: list[bytes] = []
+
+    def copy_first(self: Staging, run: str, batch: int, index: int, table: Any) -> bool:
+        if not copy_wrote:
+            Staging.publish = original  # type: ignore[method-assign]
+            copy_wrote.extend(row["body"] for row in rows(r, part))
+            r.commit(end)
+        return original(self, run, batch, index, table)
+
+    Staging.publish = copy_first  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="committed already"):
+            rows(r, part)
+    finally:
+        Staging.publish = original  # type: ignore[method-assign]
+    assert len(copy_wrote) == 4
+    stats = emulator.channel_stats(topic, "c")
+    assert (stats.depth, stats.in_flight_count) == (6, 0)
+    # nothing of the late attempt stays staged, nor counts as written
+    run = end["run"]
+    assert not (tmp_path / "stage" / run / "1" / "0.arrow").exists()
+    assert r.staging.suspects(run, part.part.address) == frozenset()
+    assert sorted(copy_wrote + _read_to_the_end(r, end)) == bodies
+    assert sorted(p.name for p in (tmp_path / "stage" / run).iterdir()) == [
+        "_committed",
+        "_source",
+    ]
+
+
+def test_what_a_late_attempt_left_staged_is_deleted_and_not_taken_for_written(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    # a late attempt killed between its staging and its giving back leaves its rows staged
+    # under a committed batch: nsqd delivers its messages again after msg_timeout, and they
+    # are rows then (not copies of rows written)
+    topic = "exec-late-leftover"
+    emulator.publish(topic, [b"a", b"b"])
+    r = reader(emulator, topic, tmp_path, max_messages_per_trigger=1)
+    start = r.initialOffset()
+    end, (part,) = plan_next(r, start)
+    assert [row["body"] for row in rows(r, part)] == [b"a"]
+    r.commit(end)
+    run = end["run"]
+    r.staging.publish(run, 1, 0, _staged_ids(b"late-id", part))
+    end2, parts = plan_next(r, end)
+    assert [row["body"] for p in parts for row in rows(r, p)] == [b"b"]
+    r.commit(end2)
+    assert not (tmp_path / "stage" / run / "1").exists()
+    assert r.staging.suspects(run, part.part.address) == frozenset()
+
+
+def _read_to_the_end(r: Any, start: dict[str, Any]) -> list[bytes]:
+    """The bodies of every batch planned from ``start`` on, each committed."""
+    bodies: list[bytes] = []
+    while True:
+        end, parts = plan_next(r, start)
+        if end == start:
+            return bodies
+        bodies.extend(row["body"] for p in parts for row in rows(r, p))
+        r.commit(end)
+        start = end
 
 
 def _arrow_schema() -> Any:
