@@ -315,10 +315,14 @@ class Driver:
             missing = sorted(want - set(written), key=repr)
             twice = sorted((v for v, n in written.items() if n > 1), key=repr)
             stray = sorted(set(written) - want, key=repr)
+
+            def some(values: list[Any]) -> str:
+                return f"{len(values)}" + (f" (e.g. {values[:5]})" if values else "")
+
             said.append(
-                f"{len(want) - len(missing)} of {len(want)} expected {column}s written, "
-                f"{len(missing)} missing (e.g. {missing[:5]}), {len(twice)} written more than "
-                f"once (e.g. {twice[:5]}), {len(stray)} never sent (e.g. {stray[:5]})"
+                f"of {len(want)} expected values of {column!r}: {len(want) - len(missing)} "
+                f"written, missing {some(missing)}, written more than once {some(twice)}, "
+                f"never sent {some(stray)}"
             )
         return "; ".join(said)
 
