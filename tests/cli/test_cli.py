@@ -21,7 +21,7 @@ import pytest
 
 from tests.support import ROOT
 from tests.support.extras import program_with
-from tests.support.net import free_port, free_ports, wait_http
+from tests.support.net import free_port, free_ports, start_server
 from tests.support.served import Running, run, running, server
 from tests.support.servers import NSQD, NSQLOOKUPD
 
@@ -655,28 +655,33 @@ def http_post(url: str, body: bytes = b"") -> None:
 def real() -> Iterator[dict[str, str]]:
     if not (NSQD and NSQLOOKUPD):
         pytest.skip("no real nsqd/nsqlookupd: set NSQD and NSQLOOKUPD to the binaries")
-    ports = [free_port() for _ in range(4)]
     data = tempfile.mkdtemp(prefix="nsqd-cli-test-")
-    lookupd = [
-        NSQLOOKUPD,
-        f"--tcp-address=127.0.0.1:{ports[0]}",
-        f"--http-address=127.0.0.1:{ports[1]}",
-    ]
-    nsqd = [
-        NSQD,
-        f"--tcp-address=127.0.0.1:{ports[2]}",
-        f"--http-address=127.0.0.1:{ports[3]}",
-        "--broadcast-address=127.0.0.1",
-        f"--lookupd-tcp-address=127.0.0.1:{ports[0]}",
-        f"--data-path={data}",
-    ]
-    procs = [
-        subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for argv in (lookupd, nsqd)
-    ]
+    procs = []
     try:
-        wait_http(f"http://127.0.0.1:{ports[1]}/ping")
-        wait_http(f"http://127.0.0.1:{ports[3]}/ping")
+        proc, lookupd = start_server(
+            lambda p: [
+                NSQLOOKUPD,
+                f"--tcp-address=127.0.0.1:{p[0]}",
+                f"--http-address=127.0.0.1:{p[1]}",
+            ],
+            2,
+            lambda p: f"http://127.0.0.1:{p[1]}/ping",
+        )
+        procs.append(proc)
+        proc, nsqd = start_server(
+            lambda p: [
+                NSQD,
+                f"--tcp-address=127.0.0.1:{p[0]}",
+                f"--http-address=127.0.0.1:{p[1]}",
+                "--broadcast-address=127.0.0.1",
+                f"--lookupd-tcp-address=127.0.0.1:{lookupd[0]}",
+                f"--data-path={data}",
+            ],
+            2,
+            lambda p: f"http://127.0.0.1:{p[1]}/ping",
+        )
+        procs.append(proc)
+        ports = [*lookupd, *nsqd]
         yield {
             "lookupd HTTP": f"127.0.0.1:{ports[1]}",
             "nsqd TCP": f"127.0.0.1:{ports[2]}",

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -21,7 +20,7 @@ import pytest
 
 from nsq_client import Message
 from tests.support.backends import anyio_backend, lib, way
-from tests.support.net import free_port, wait_http
+from tests.support.net import start_server
 from tests.support.servers import MISSING, NSQD, NSQLOOKUPD, auth_server
 
 __all__ = ["anyio_backend", "lib", "way"]
@@ -48,36 +47,33 @@ class Servers:
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
     assert NSQD and NSQLOOKUPD
-    ports = [free_port() for _ in range(4)]
     data = tempfile.mkdtemp(prefix="nsqd-test-")
-    procs = [
-        subprocess.Popen(
-            [
+    procs = []
+    try:
+        proc, lookupd = start_server(
+            lambda p: [
                 NSQLOOKUPD,
-                f"--tcp-address=127.0.0.1:{ports[0]}",
-                f"--http-address=127.0.0.1:{ports[1]}",
+                f"--tcp-address=127.0.0.1:{p[0]}",
+                f"--http-address=127.0.0.1:{p[1]}",
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            2,
+            lambda p: f"http://127.0.0.1:{p[1]}/ping",
         )
-    ]
-    procs.append(
-        subprocess.Popen(
-            [
+        procs.append(proc)
+        proc, nsqd = start_server(
+            lambda p: [
                 NSQD,
-                f"--tcp-address=127.0.0.1:{ports[2]}",
-                f"--http-address=127.0.0.1:{ports[3]}",
+                f"--tcp-address=127.0.0.1:{p[0]}",
+                f"--http-address=127.0.0.1:{p[1]}",
                 "--broadcast-address=127.0.0.1",
-                f"--lookupd-tcp-address=127.0.0.1:{ports[0]}",
+                f"--lookupd-tcp-address=127.0.0.1:{lookupd[0]}",
                 f"--data-path={data}",
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            2,
+            lambda p: f"http://127.0.0.1:{p[1]}/ping",
         )
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{ports[1]}/ping")
-        wait_http(f"http://127.0.0.1:{ports[3]}/ping")
+        procs.append(proc)
+        ports = [*lookupd, *nsqd]
         yield Servers(f"127.0.0.1:{ports[2]}", f"127.0.0.1:{ports[3]}", f"127.0.0.1:{ports[1]}")
     finally:
         for proc in procs:
@@ -265,23 +261,21 @@ def secure_servers() -> Iterator[SecureServers]:
     cert.private_key_pem.write_to_path(key_path)
 
     auth = auth_server("^sec")
-    tcp, http_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [
+    proc, (tcp, _http) = start_server(
+        lambda p: [
             NSQD,
-            f"--tcp-address=127.0.0.1:{tcp}",
-            f"--http-address=127.0.0.1:{http_port}",
+            f"--tcp-address=127.0.0.1:{p[0]}",
+            f"--http-address=127.0.0.1:{p[1]}",
             "--https-address=",
             f"--data-path={tmp}",
             f"--tls-cert={cert_path}",
             f"--tls-key={key_path}",
             f"--auth-http-address=127.0.0.1:{auth.server_address[1]}",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        2,
+        lambda p: f"http://127.0.0.1:{p[1]}/ping",
     )
     try:
-        wait_http(f"http://127.0.0.1:{http_port}/ping")
         yield SecureServers(f"127.0.0.1:{tcp}", ca)
     finally:
         proc.terminate()

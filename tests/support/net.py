@@ -1,11 +1,17 @@
-"""Loopback helpers: a free port, waiting until an HTTP server answers, one plain HTTP call."""
+"""Loopback helpers: a free port, waiting until an HTTP server answers, starting a server
+process on ports of its own, one plain HTTP call."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -40,6 +46,112 @@ def wait_http(url: str, timeout: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True  # an answer all the same (an nsqd requiring TLS refuses plain HTTP)
+    except OSError:
+        return False
+
+
+class PortTaken(RuntimeError):
+    """A server process ended before it listened: another process bound one of its ports
+    between the moment they were chosen and the server's own bind."""
+
+
+def listening_inodes(ports: Sequence[int]) -> dict[int, set[int]]:
+    """port -> the socket inodes listening on it (any address), from /proc/net/tcp{,6}."""
+    found: dict[int, set[int]] = {port: set() for port in ports}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            if port in found:
+                found[port].add(int(fields[9]))
+    return found
+
+
+def owns_listeners(pid: int, ports: Sequence[int]) -> bool:
+    """Whether process ``pid`` holds a listening socket on every one of ``ports``."""
+    wanted = listening_inodes(ports)
+    if not all(wanted.values()):
+        return False
+    held = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                held.add(int(target[8:-1]))
+    except OSError:
+        return False
+    return all(inodes & held for inodes in wanted.values())
+
+
+def wait_serving(
+    proc: subprocess.Popen[Any], url: str, ports: Sequence[int], timeout: float = 10.0
+) -> None:
+    """Wait until ``proc`` itself listens on ``ports`` and ``url`` answers.  A bare
+    ``wait_http`` can be answered by another process (another test's server that took the
+    port first, when this one then failed to bind it and exited); this cannot.  Raises
+    :class:`PortTaken` when ``proc`` ended first."""
+    deadline = time.monotonic() + timeout
+    answered = False
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise PortTaken(f"{proc.args!r} ended with status {code} before it listened on {ports}")
+        if not answered:
+            answered = _answers(url)
+        if answered and owns_listeners(proc.pid, ports):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.args!r} did not listen on {ports} within {timeout:g} s")
+        time.sleep(0.02)
+
+
+def start_server(
+    argv_for: Callable[[list[int]], list[str]],
+    nports: int,
+    ping_for: Callable[[list[int]], str],
+    *,
+    first: Sequence[int] | None = None,
+    attempts: int = 5,
+    timeout: float = 10.0,
+    **popen: Any,
+) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """Start the server ``argv_for(ports)`` on ``nports`` fresh ports, and wait until it serves
+    ``ping_for(ports)`` on them; when another process took one of the ports first, again on
+    other ports.  ``first``: the ports of the first attempt (default: fresh ones).  Returns the
+    process and its ports."""
+    popen.setdefault("stdout", subprocess.DEVNULL)
+    popen.setdefault("stderr", subprocess.DEVNULL)
+    for attempt in range(attempts):
+        ports = list(first) if first is not None and attempt == 0 else free_ports(nports)
+        proc = subprocess.Popen(argv_for(ports), **popen)
+        try:
+            wait_serving(proc, ping_for(ports), ports, timeout)
+            return proc, ports
+        except PortTaken:
+            if attempt == attempts - 1:
+                raise
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    raise AssertionError("unreachable")
 
 
 def http(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:

@@ -24,7 +24,7 @@ import pytest
 
 import nsq_anyio
 
-from .net import free_port, http, wait_http
+from .net import PortTaken, free_ports, http, wait_serving
 
 NSQD = os.environ.get("NSQD_PARTITIONED")
 NSQLOOKUPD = os.environ.get("NSQLOOKUPD_PARTITIONED")
@@ -105,9 +105,42 @@ def partitioned_cluster() -> Iterator[PartitionedCluster]:
     """One etcd, one nsqlookupd and one nsqd of the partitioned server on free loopback
     ports, stopped (and their files removed) on leaving."""
     assert NSQD and NSQLOOKUPD and ETCD
-    root = tempfile.mkdtemp(prefix="pcluster-test-")
-    (etcd_client, etcd_peer, lk_tcp, lk_http, lk_rpc, lk_metric) = (free_port() for _ in range(6))
-    (nd_tcp, nd_http, nd_https, nd_rpc, nd_metric) = (free_port() for _ in range(5))
+    for attempt in range(5):
+        root = tempfile.mkdtemp(prefix="pcluster-test-")
+        try:
+            procs, cluster = _start_cluster(root, free_ports(11))
+        except PortTaken:  # another process bound one of the ports first: again on others
+            shutil.rmtree(root, ignore_errors=True)
+            if attempt == 4:
+                raise
+            continue
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        break
+    try:
+        yield cluster
+    finally:
+        _stop(procs)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _start_cluster(
+    root: str, ports: list[int]
+) -> tuple[list[subprocess.Popen[bytes]], PartitionedCluster]:
+    assert NSQD and NSQLOOKUPD and ETCD
+    (etcd_client, etcd_peer, lk_tcp, lk_http, lk_rpc, lk_metric) = ports[:6]
+    (nd_tcp, nd_http, nd_https, nd_rpc, nd_metric) = ports[6:]
     cluster_id = f"test-{os.getpid()}"
     etcd_url = f"http://127.0.0.1:{etcd_client}"
     commands = [
@@ -124,6 +157,7 @@ def partitioned_cluster() -> Iterator[PartitionedCluster]:
                 f"--initial-cluster=pcluster=http://127.0.0.1:{etcd_peer}",
             ],
             f"{etcd_url}/health",
+            [etcd_client, etcd_peer],
         ),
         (
             [
@@ -139,6 +173,7 @@ def partitioned_cluster() -> Iterator[PartitionedCluster]:
                 f"--log-dir={root}",
             ],
             f"http://127.0.0.1:{lk_http}/ping",
+            [lk_tcp, lk_http],
         ),
         (
             [
@@ -157,26 +192,22 @@ def partitioned_cluster() -> Iterator[PartitionedCluster]:
                 f"--log-dir={root}",
             ],
             f"http://127.0.0.1:{nd_http}/ping",
+            [nd_tcp, nd_http],
         ),
     ]
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for argv, ping in commands:
+        for argv, ping, listens in commands:
             with open(f"{root}/{os.path.basename(argv[0])}.log", "wb") as log:
                 procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
-            wait_http(ping, timeout=30.0)
-        yield PartitionedCluster(
-            f"127.0.0.1:{lk_http}", f"127.0.0.1:{nd_tcp}", f"127.0.0.1:{nd_http}"
-        )
-    finally:
-        for proc in reversed(procs):
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+            wait_serving(procs[-1], ping, listens, timeout=30.0)
+    except BaseException:
+        _stop(procs)
+        raise
+    cluster = PartitionedCluster(
+        f"127.0.0.1:{lk_http}", f"127.0.0.1:{nd_tcp}", f"127.0.0.1:{nd_http}"
+    )
+    return procs, cluster
 
 
 async def collect(

@@ -12,30 +12,65 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
-from .net import free_port, wait_http
+from .net import free_ports, start_server, wait_serving
 
 NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
 NSQLOOKUPD = os.environ.get("NSQLOOKUPD") or shutil.which("nsqlookupd")
 MISSING = "no real nsqd/nsqlookupd: set NSQD and NSQLOOKUPD to the binaries to run these"
 
 
-class Process:
-    """One server process that can be killed, frozen and started again as it was."""
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in the stopped state (T)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # a thread that ended
+        if stat.rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+            return False
+    return True
 
-    def __init__(self, argv: list[str], ping: str) -> None:
-        self.argv = argv
-        self.ping = ping
+
+class Process:
+    """One server process that can be killed, frozen and started again as it was.  Its first
+    start chooses its ports (again, when another process took one first); a restart keeps
+    them."""
+
+    def __init__(self, nports: int) -> None:
+        self.nports = nports
+        self.ports: list[int] = free_ports(nports)
+        self.started = False
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def ping(self) -> str:
+        raise NotImplementedError
+
     def start(self) -> None:
+        if not self.started:
+
+            def argv_for(ports: list[int]) -> list[str]:
+                self.ports = ports
+                return self.argv()
+
+            self.proc, self.ports = start_server(
+                argv_for, self.nports, lambda ports: self.ping, first=self.ports, timeout=10.0
+            )
+            self.started = True
+            return
         self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
-            wait_http(self.ping)
+            wait_serving(self.proc, self.ping, self.ports)
         except BaseException:
             self.stop()  # never leave a server behind
             raise
@@ -46,8 +81,15 @@ class Process:
         self.proc.wait(timeout=10)
 
     def freeze(self) -> None:
+        """SIGSTOP, and wait until every thread of the process is stopped (the signal is only
+        queued when ``kill`` returns)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10.0
+        while not _stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pid {self.proc.pid} not stopped 10 s after SIGSTOP")
+            time.sleep(0.001)
 
     def thaw(self) -> None:
         assert self.proc is not None
@@ -67,15 +109,27 @@ class Process:
 class Lookupd(Process):
     def __init__(self) -> None:
         assert NSQLOOKUPD
-        self.tcp, self.http = free_port(), free_port()
-        super().__init__(
-            [
-                NSQLOOKUPD,
-                f"--tcp-address=127.0.0.1:{self.tcp}",
-                f"--http-address=127.0.0.1:{self.http}",
-            ],
-            f"http://127.0.0.1:{self.http}/ping",
-        )
+        super().__init__(2)
+
+    @property
+    def tcp(self) -> int:
+        return self.ports[0]
+
+    @property
+    def http(self) -> int:
+        return self.ports[1]
+
+    def argv(self) -> list[str]:
+        assert NSQLOOKUPD
+        return [
+            NSQLOOKUPD,
+            f"--tcp-address=127.0.0.1:{self.tcp}",
+            f"--http-address=127.0.0.1:{self.http}",
+        ]
+
+    @property
+    def ping(self) -> str:
+        return f"http://127.0.0.1:{self.http}/ping"
 
     @property
     def http_address(self) -> str:
@@ -88,8 +142,21 @@ class Nsqd(Process):
 
     def __init__(self, *extra: str, lookupd: Lookupd | None = None) -> None:
         assert NSQD
-        self.tcp, self.http = free_port(), free_port()
+        self.extra = extra
+        self.lookupd = lookupd
         self.data = tempfile.mkdtemp(prefix="nsqd-fault-")
+        super().__init__(2)
+
+    @property
+    def tcp(self) -> int:
+        return self.ports[0]
+
+    @property
+    def http(self) -> int:
+        return self.ports[1]
+
+    def argv(self) -> list[str]:
+        assert NSQD
         argv = [
             NSQD,
             f"--tcp-address=127.0.0.1:{self.tcp}",
@@ -99,11 +166,15 @@ class Nsqd(Process):
             f"--data-path={self.data}",
             "--mem-queue-size=0",
             "--sync-every=1",
-            *extra,
+            *self.extra,
         ]
-        if lookupd is not None:
-            argv.append(f"--lookupd-tcp-address=127.0.0.1:{lookupd.tcp}")
-        super().__init__(argv, f"http://127.0.0.1:{self.http}/ping")
+        if self.lookupd is not None:
+            argv.append(f"--lookupd-tcp-address=127.0.0.1:{self.lookupd.tcp}")
+        return argv
+
+    @property
+    def ping(self) -> str:
+        return f"http://127.0.0.1:{self.http}/ping"
 
     @property
     def tcp_address(self) -> str:
