@@ -333,7 +333,7 @@ def bench_source(
         reader = reader.schema(", ".join(f"{c} {_TYPES[c]}" for c in args.columns.split(",")))
     reader = reader.option("topic", topic).option("channel", "bench")
     reader = reader.option("read_mode", args.read_mode)
-    if http:
+    if http and args.read_mode == "executors":  # the driver's reader asks no HTTP API
         reader = reader.option("nsqd_http_addresses", http)
     if args.num_partitions:
         reader = reader.option("num_partitions", str(args.num_partitions))
@@ -475,7 +475,9 @@ def main() -> None:
     )
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=200)
-    parser.add_argument("--max-in-flight", type=int, default=0, help="default: the source's")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=0, help="default: the source's (read_mode driver)"
+    )
     parser.add_argument(
         "--max-messages-per-trigger", type=int, default=0, help="default: the source's"
     )

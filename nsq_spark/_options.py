@@ -1,6 +1,12 @@
 """The data source's options: Spark hands them over as strings; they are checked here, once, on
 the driver, and turned into keyword arguments of ``nsq_anyio.Consumer`` / ``nsq_anyio.Producer``.
 
+Each option is written once, in the tables below (``CONNECTION_OPTIONS``, ``SOURCE_OPTIONS``,
+``SINK_OPTIONS``): its name, how its text is read, its default (per read mode where they
+differ), the read modes it applies to and a line of documentation. The parsing, the defaults,
+the unknown-option suggestions and the read-mode check all come from them, and
+``docs/spark.md``'s option tables are checked against them.
+
 Option names are case-insensitive and underscores are optional: ``max_in_flight``,
 ``maxInFlight`` and ``MAXINFLIGHT`` are the same option.
 """
@@ -9,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +24,13 @@ from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
     "OptionError",
+    "Option",
+    "PerMode",
+    "Half",
+    "READ_MODES",
+    "CONNECTION_OPTIONS",
+    "SOURCE_OPTIONS",
+    "SINK_OPTIONS",
     "ConnectionOptions",
     "SourceOptions",
     "SinkOptions",
@@ -38,49 +51,32 @@ def _key(name: str) -> str:
     return name.replace("_", "").replace("-", "").lower()
 
 
-class _Reader:
-    """Typed access to the string options; remembers which were used."""
+# -- how an option's text is read: (the option's name, its text, stripped and not empty) -> value
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        self._values: dict[str, tuple[str, str]] = {}
-        for name, value in options.items():
-            if value is None:
-                continue
-            self._values[_key(str(name))] = (str(name), str(value))
-        self.used: set[str] = set()
+Parser = Callable[[str, str], Any]
 
-    def raw(self, name: str) -> str | None:
-        key = _key(name)
-        self.used.add(key)
-        found = self._values.get(key)
-        return None if found is None else found[1].strip()
 
-    def text(self, name: str, default: str | None = None) -> str | None:
-        value = self.raw(name)
-        return default if value is None or value == "" else value
+def _text(name: str, value: str) -> str:
+    return value
 
-    def required(self, name: str) -> str:
-        value = self.text(name)
-        if value is None:
-            raise OptionError(f"the nsq data source needs the option {name!r}")
-        return value
 
-    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
-        value = self.text(name)
-        if value is None:
-            return default
+def _integer(minimum: int, maximum: int | None = None) -> Parser:
+    def parse(name: str, value: str) -> int:
         try:
             number = int(value)
         except ValueError:
             raise OptionError(f"option {name!r} must be an integer, not {value!r}") from None
         if number < minimum:
             raise OptionError(f"option {name!r} must be at least {minimum}, not {number}")
+        if maximum is not None and number > maximum:
+            raise OptionError(f"option {name!r} is {minimum}..{maximum}")
         return number
 
-    def seconds(self, name: str, default: float | None, *, minimum: float = 0.0) -> float | None:
-        value = self.text(name)
-        if value is None:
-            return default
+    return parse
+
+
+def _seconds(minimum: float) -> Parser:
+    def parse(name: str, value: str) -> float:
         try:
             number = float(value)
         except ValueError:
@@ -91,72 +87,364 @@ class _Reader:
             raise OptionError(f"option {name!r} must be at least {minimum} s, not {value!r}")
         return number
 
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.text(name)
-        if value is None:
-            return default
-        lowered = value.lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise OptionError(f"option {name!r} must be true or false, not {value!r}")
+    return parse
 
-    def addresses(self, name: str) -> tuple[str, ...]:
-        value = self.text(name)
-        if value is None:
-            return ()
+
+def _boolean(name: str, value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise OptionError(f"option {name!r} must be true or false, not {value!r}")
+
+
+def _choice(*choices: str, none: str | None = None) -> Parser:
+    """One of ``choices`` (any case); ``none``: the choice that stands for no value."""
+
+    def parse(name: str, value: str) -> str | None:
+        lowered = value.lower()
+        if lowered not in choices:
+            listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
+            raise OptionError(f"option {name!r} is {listed}, not {lowered!r}")
+        return None if lowered == none else lowered
+
+    return parse
+
+
+def _addresses(*, lookupd: bool = False, http_scheme: bool = False) -> Parser:
+    """Comma-separated ``host:port`` (the clients' own check); ``lookupd``: nsqlookupd's, which
+    may also be ``http://host:port``; ``http_scheme``: the source's own requests, ``http://``
+    or ``https://`` allowed."""
+
+    def parse(name: str, value: str) -> tuple[str, ...]:
         out = tuple(a.strip() for a in value.split(",") if a.strip())
         checked = out
-        if name == "nsqd_http_addresses":  # the source's own requests: http:// or https://
+        if http_scheme:
             checked = tuple(a.removeprefix("https://").removeprefix("http://") for a in out)
         try:
-            # the clients' own check: host:port; lookupd's may also be http://host:port
-            parse_addresses(name, checked, http=name == "lookupd_http_addresses")
+            parse_addresses(name, checked, http=lookupd)
         except ConfigError as exc:
             raise OptionError(f"option {name!r}{str(exc).removeprefix(name)}") from None
         return out
 
-    def topic(self, name: str = "topic", *, required: bool = True) -> str | None:
-        value = self.required(name) if required else self.text(name)
-        if value is not None and not is_valid_topic_name(value):
-            raise OptionError(
-                f"option {name!r}: {value!r} is not a topic name (1 to 64 of a-z A-Z 0-9 . _ -,"
-                " optionally ending in #ephemeral)"
-            )
-        return value
+    return parse
 
-    def channel(self, name: str = "channel") -> str:
-        value = self.required(name)
-        if not is_valid_channel_name(value):
-            raise OptionError(
-                f"option {name!r}: {value!r} is not a channel name (1 to 64 of a-z A-Z 0-9 . _"
-                " -, optionally ending in #ephemeral)"
-            )
-        return value
 
-    def unknown(self, known: Mapping[str, str]) -> list[str]:
-        return sorted(name for key, (name, _) in self._values.items() if key not in known)
+def _topic(name: str, value: str) -> str:
+    if not is_valid_topic_name(value):
+        raise OptionError(
+            f"option {name!r}: {value!r} is not a topic name (1 to 64 of a-z A-Z 0-9 . _ -,"
+            " optionally ending in #ephemeral)"
+        )
+    return value
+
+
+def _channel(name: str, value: str) -> str:
+    if not is_valid_channel_name(value):
+        raise OptionError(
+            f"option {name!r}: {value!r} is not a channel name (1 to 64 of a-z A-Z 0-9 . _"
+            " -, optionally ending in #ephemeral)"
+        )
+    return value
+
+
+def _partitions(name: str, value: str) -> tuple[int, ...]:
+    try:
+        partitions = tuple(int(p) for p in value.split(",") if p.strip())
+    except ValueError:
+        raise OptionError(
+            f"option {name!r} is a comma-separated list of integers, not {value!r}"
+        ) from None
+    if any(p < 0 for p in partitions):
+        raise OptionError(f"option {name!r} takes non-negative partition numbers")
+    return partitions
+
+
+def _start_from(name: str, value: str) -> StartFrom | dict[int, StartFrom]:
+    """``end``, ``timestamp:<unix s>``, ``virtual_queue:<offset>``, ``msgcount:<n>``, or per
+    partition ``0=end,1=msgcount:5``."""
+    try:
+        if "=" not in value:
+            return StartFrom.parse(value)
+        positions: dict[int, StartFrom] = {}
+        for item in value.split(","):
+            partition, sep, position = item.partition("=")
+            if not sep or not partition.strip().isdigit():
+                raise ConfigError(f"{item.strip()!r} is not <partition>=<position>")
+            positions[int(partition)] = StartFrom.parse(position)
+        return positions
+    except ConfigError as exc:
+        raise OptionError(
+            f"option {name!r} takes end, timestamp:<unix seconds>, virtual_queue:<offset>, "
+            f"msgcount:<n>, or <partition>=<position>,...: {exc}"
+        ) from None
+
+
+# -- the tables --------------------------------------------------------------------------------
+
+#: the source's read modes: ``executors`` (tasks consume on the executors, replayable batches)
+#: and ``driver`` (one reader on the driver holds the messages)
+READ_MODES = ("executors", "driver")
+_BOTH = frozenset(READ_MODES)
+_DRIVER = frozenset({"driver"})
+_EXECUTORS = frozenset({"executors"})
 
 
 @dataclass(frozen=True)
-class ConnectionOptions:
-    """What every connection needs: where, TLS, compression, auth, identity."""
+class Half:
+    """A default: half of another option's value (at least 1)."""
 
-    nsqd_tcp_addresses: tuple[str, ...] = ()
-    lookupd_http_addresses: tuple[str, ...] = ()
-    tls: bool = False
-    tls_ca_file: str | None = None
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    tls_hostname: str | None = None
-    tls_verify: bool = True
-    compression: str | None = None
-    deflate_level: int = 6
-    auth_secret: str | None = None
-    client_id: str | None = None
-    heartbeat_interval: float | None = None
-    dial_timeout: float | None = None
+    of: str
+
+
+@dataclass(frozen=True)
+class PerMode:
+    """A default that differs between the read modes."""
+
+    executors: Any
+    driver: Any
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the data source."""
+
+    name: str
+    parse: Parser
+    #: the value when the option is not given: a value, ``Half`` of another option's, or
+    #: ``PerMode``
+    default: Any
+    #: one line of documentation
+    doc: str
+    #: the source's read modes it applies to (given in another, it is refused)
+    modes: frozenset[str] = _BOTH
+    #: the source cannot do without it
+    required: bool = False
+    #: what the default means when it is ``None`` (the documentation's words)
+    default_means: str = ""
+
+    def default_in(self, mode: str) -> Any:
+        return getattr(self.default, mode) if isinstance(self.default, PerMode) else self.default
+
+
+#: what every connection needs (source and sink, both read modes): where, TLS, compression,
+#: auth, identity
+CONNECTION_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "nsqd_tcp_addresses",
+        _addresses(),
+        (),
+        "comma-separated host:port of nsqd, no scheme",
+    ),
+    Option(
+        "lookupd_http_addresses",
+        _addresses(lookupd=True),
+        (),
+        "comma-separated host:port of nsqlookupd, no scheme",
+    ),
+    Option("tls", _boolean, False, "TLS, verifying the server with the system's CAs"),
+    Option("tls_ca_file", _text, None, "CA bundle to verify nsqd with (turns TLS on)"),
+    Option("tls_cert_file", _text, None, "client certificate (turns TLS on)"),
+    Option("tls_key_file", _text, None, "the client certificate's key"),
+    Option(
+        "tls_hostname",
+        _text,
+        None,
+        "the name to verify",
+        default_means="the address's host",
+    ),
+    Option("tls_verify", _boolean, True, "false skips certificate verification"),
+    Option(
+        "compression",
+        _choice("snappy", "deflate", "none", none="none"),
+        None,
+        "snappy or deflate",
+        default_means="none",
+    ),
+    Option("deflate_level", _integer(1, 9), 6, "deflate's level, 1..9"),
+    Option("auth_secret", _text, None, "AUTH secret"),
+    Option("client_id", _text, None, "IDENTIFY's client_id"),
+    Option("heartbeat_interval", _seconds(1.0), None, "IDENTIFY's heartbeat interval, seconds"),
+    Option("dial_timeout", _seconds(0.001), None, "seconds to open a connection"),
+)
+
+#: the source's own options
+SOURCE_OPTIONS: tuple[Option, ...] = (
+    Option("topic", _topic, None, "the topic to read", required=True),
+    Option("channel", _channel, None, "the channel to read", required=True),
+    Option(
+        "read_mode",
+        _choice(*READ_MODES),
+        "executors",
+        "executors: tasks consume on the executors; driver: one reader on the driver",
+    ),
+    Option(
+        "nsqd_http_addresses",
+        _addresses(http_scheme=True),
+        (),
+        "nsqd's HTTP host:port, one for each of nsqd_tcp_addresses, in the same order",
+        _EXECUTORS,
+    ),
+    Option(
+        "staging_location",
+        _text,
+        None,
+        "where tasks stage the rows of a batch (a path or a pyarrow.fs URI)",
+        _EXECUTORS,
+        default_means="a directory of the system's temporary directory",
+    ),
+    Option(
+        "max_bytes_per_trigger",
+        _integer(1),
+        PerMode(executors=256 * 1024 * 1024, driver=Half("max_bytes_in_flight")),
+        "the largest micro-batch in bytes of message bodies",
+    ),
+    Option(
+        "max_bytes_per_partition",
+        _integer(1),
+        32 * 1024 * 1024,
+        "the most bytes of message bodies one task consumes",
+        _EXECUTORS,
+    ),
+    Option(
+        "max_messages_per_partition",
+        _integer(1),
+        100_000,
+        "the most messages one task consumes",
+        _EXECUTORS,
+    ),
+    Option(
+        "redelivery_window",
+        _seconds(0.0),
+        86_400.0,
+        "seconds the ids of rows whose FIN nsqd did not confirm are kept",
+        _EXECUTORS,
+    ),
+    Option(
+        "task_idle_timeout",
+        _seconds(0.001),
+        1.0,
+        "seconds a task waits for its next message before it ends with fewer",
+        _EXECUTORS,
+    ),
+    Option(
+        "max_in_flight",
+        _integer(1),
+        100_000,
+        "the most messages the reader holds",
+        _DRIVER,
+    ),
+    Option(
+        "max_bytes_in_flight",
+        _integer(1),
+        128 * 1024 * 1024,
+        "about the most bytes of message bodies the reader holds",
+        _DRIVER,
+    ),
+    Option(
+        "max_messages_per_trigger",
+        _integer(1),
+        PerMode(executors=1_000_000, driver=Half("max_in_flight")),
+        "the largest micro-batch in messages",
+    ),
+    Option(
+        "max_connections_per_nsqd",
+        _integer(1),
+        64,
+        "connections to one nsqd when one cannot hold what is asked",
+    ),
+    Option("num_partitions", _integer(1), 1, "Spark partitions per micro-batch"),
+    Option("msg_timeout", _seconds(1.0), 60.0, "seconds; asked of nsqd in IDENTIFY"),
+    Option(
+        "max_msg_timeout",
+        _seconds(1.0),
+        900.0,
+        "nsqd's --max-msg-timeout: no TOUCH past it",
+        _DRIVER,
+    ),
+    Option(
+        "max_attempts",
+        _integer(0),
+        0,
+        "give a message up after this many deliveries; 0: never",
+    ),
+    Option(
+        "available_now_idle_timeout",
+        _seconds(0.0),
+        2.0,
+        "seconds without a new message that end an availableNow run",
+        _DRIVER,
+    ),
+    Option("ordered", _boolean, False, "partitioned NSQ: SUB_ORDERED", _DRIVER),
+    Option(
+        "partitions",
+        _partitions,
+        None,
+        "partitioned NSQ: the partitions to consume",
+        default_means="all",
+    ),
+    Option(
+        "start_from",
+        _start_from,
+        None,
+        "partitioned NSQ: where a new query starts",
+        _DRIVER,
+    ),
+    Option(
+        "reconnect_delay",
+        _seconds(0.0),
+        None,
+        "seconds before reconnecting to a lost nsqd",
+        default_means="8",
+    ),
+    Option(
+        "connect_timeout",
+        _seconds(0.001),
+        30.0,
+        "seconds after the start by which the source must be subscribed",
+    ),
+)
+
+#: the sink's own options
+SINK_OPTIONS: tuple[Option, ...] = (
+    Option("topic", _topic, None, "the topic of rows without a topic column"),
+    Option("batch_size", _integer(1), 500, "rows per MPUB"),
+    Option("batch_bytes", _integer(1), 1024 * 1024, "bytes per MPUB"),
+    Option("max_outstanding", _integer(1), 8, "unacknowledged requests per connection"),
+    Option("pool_size", _integer(1), 1, "connections per nsqd and worker process"),
+    Option("publish_timeout", _seconds(0.001), 30.0, "seconds before a publish fails"),
+    Option("max_publish_attempts", _integer(1), 3, "tries of a publish before the task fails"),
+)
+
+#: Spark's own options, which reach the data source too: the generic ``path`` of
+#: ``load()``/``save()``, the sink's checkpoint
+_SPARK_SOURCE_OPTIONS = ("path",)
+_SPARK_SINK_OPTIONS = ("path", "checkpoint_location")
+
+
+# -- the parsed options ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionOptions:
+    """What every connection needs: where, TLS, compression, auth, identity (the fields of
+    ``CONNECTION_OPTIONS``, which has their defaults)."""
+
+    nsqd_tcp_addresses: tuple[str, ...]
+    lookupd_http_addresses: tuple[str, ...]
+    tls: bool
+    tls_ca_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    tls_hostname: str | None
+    tls_verify: bool
+    compression: str | None
+    deflate_level: int
+    auth_secret: str | None
+    client_id: str | None
+    heartbeat_interval: float | None
+    dial_timeout: float | None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         return self.https_context() if self.tls else None
@@ -200,125 +488,36 @@ class ConnectionOptions:
         return kwargs
 
 
-_CONNECTION_KEYS = {
-    _key(n): n
-    for n in (
-        "nsqd_tcp_addresses",
-        "lookupd_http_addresses",
-        "tls",
-        "tls_ca_file",
-        "tls_cert_file",
-        "tls_key_file",
-        "tls_hostname",
-        "tls_verify",
-        "compression",
-        "deflate_level",
-        "auth_secret",
-        "client_id",
-        "heartbeat_interval",
-        "dial_timeout",
-        # Spark's own: the generic "path" of load()/save(), checkpoints, and friends
-        "path",
-    )
-}
-
-
-def _connection(r: _Reader, *, lookupd_alone_ok: bool) -> ConnectionOptions:
-    nsqd = r.addresses("nsqd_tcp_addresses")
-    lookupd = r.addresses("lookupd_http_addresses")
-    if not nsqd and not (lookupd and lookupd_alone_ok):
-        raise OptionError(
-            "give nsqd_tcp_addresses (comma-separated host:port)"
-            + (" or lookupd_http_addresses" if lookupd_alone_ok else "")
-        )
-    compression = r.text("compression")
-    if compression is not None:
-        compression = compression.lower()
-        if compression == "none":
-            compression = None
-        elif compression not in ("snappy", "deflate"):
-            raise OptionError(
-                f"option 'compression' is snappy, deflate or none, not {compression!r}"
-            )
-    deflate_level = r.integer("deflate_level", 6, minimum=1)
-    if deflate_level > 9:
-        raise OptionError("option 'deflate_level' is 1..9")
-    tls = r.boolean("tls", False)
-    ca_file = r.text("tls_ca_file")
-    cert_file = r.text("tls_cert_file")
-    if ca_file is not None or cert_file is not None:
-        tls = True
-    return ConnectionOptions(
-        nsqd_tcp_addresses=nsqd,
-        lookupd_http_addresses=lookupd,
-        tls=tls,
-        tls_ca_file=ca_file,
-        tls_cert_file=cert_file,
-        tls_key_file=r.text("tls_key_file"),
-        tls_hostname=r.text("tls_hostname"),
-        tls_verify=r.boolean("tls_verify", True),
-        compression=compression,
-        deflate_level=deflate_level,
-        auth_secret=r.text("auth_secret"),
-        client_id=r.text("client_id"),
-        heartbeat_interval=r.seconds("heartbeat_interval", None, minimum=1.0),
-        dial_timeout=r.seconds("dial_timeout", None, minimum=0.001),
-    )
-
-
-#: executors: the defaults of ``max_messages_per_trigger``, ``max_bytes_per_trigger``,
-#: ``max_messages_per_partition`` and ``max_bytes_per_partition``
-EXECUTOR_MESSAGES_PER_TRIGGER = 1_000_000
-EXECUTOR_BYTES_PER_TRIGGER = 256 * 1024 * 1024
-EXECUTOR_MESSAGES_PER_PARTITION = 100_000
-EXECUTOR_BYTES_PER_PARTITION = 32 * 1024 * 1024
-#: driver: the default of ``max_bytes_in_flight`` (a batch: half of it)
-DRIVER_BYTES_IN_FLIGHT = 128 * 1024 * 1024
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SourceOptions:
+    """The source's options: ``connection`` and the fields of ``SOURCE_OPTIONS`` (which has
+    their defaults and documentation)."""
+
+    connection: ConnectionOptions
     topic: str
     channel: str
-    connection: ConnectionOptions
-    max_in_flight: int = 100_000
-    max_messages_per_trigger: int = 50_000
-    num_partitions: int = 1
-    msg_timeout: float = 60.0
-    max_msg_timeout: float = 900.0
-    max_attempts: int = 0
-    available_now_idle_timeout: float = 2.0
-    ordered: bool = False
-    partitions: tuple[int, ...] | None = None
-    reconnect_delay: float | None = None
-    connect_timeout: float = 30.0
-    #: connections per nsqd when ``max_in_flight`` is above nsqd's ``--max-rdy-count``
-    max_connections_per_nsqd: int = 64
-    #: partitioned NSQ: where a new query starts (not applied when it resumes from a
-    #: checkpoint)
-    start_from: StartFrom | Mapping[int, StartFrom] | None = None
-    #: ``executors``: tasks consume on the executors, batches are staged and replayable;
-    #: ``driver``: one reader on the driver holds the messages (at-least-once)
-    read_mode: str = "executors"
-    #: executors: nsqd's HTTP addresses, in the order of ``nsqd_tcp_addresses``
-    nsqd_http_addresses: tuple[str, ...] = ()
-    #: executors: where tasks stage the rows of a batch (a path or a ``pyarrow.fs`` URI)
-    staging_location: str | None = None
-    #: the largest micro-batch in bytes of message bodies
-    max_bytes_per_trigger: int = EXECUTOR_BYTES_PER_TRIGGER
-    #: driver: about the most bytes of message bodies the reader holds (it sizes RDY by the
-    #: bodies it received)
-    max_bytes_in_flight: int = DRIVER_BYTES_IN_FLIGHT
-    #: executors: the most messages one task consumes (over several connections when it is
-    #: above nsqd's ``--max-rdy-count``, up to ``max_connections_per_nsqd``)
-    max_messages_per_partition: int = EXECUTOR_MESSAGES_PER_PARTITION
-    #: executors: the most bytes of message bodies one task consumes
-    max_bytes_per_partition: int = EXECUTOR_BYTES_PER_PARTITION
-    #: executors: seconds a task waits for its next message before it ends with fewer
-    task_idle_timeout: float = 1.0
-    #: executors: seconds the ids of rows whose FIN nsqd did not confirm are kept, to know
-    #: them when nsqd delivers them again
-    redelivery_window: float = 86_400.0
+    read_mode: str
+    nsqd_http_addresses: tuple[str, ...]
+    staging_location: str | None
+    max_bytes_per_trigger: int
+    max_bytes_per_partition: int
+    max_messages_per_partition: int
+    redelivery_window: float
+    task_idle_timeout: float
+    max_in_flight: int
+    max_bytes_in_flight: int
+    max_messages_per_trigger: int
+    max_connections_per_nsqd: int
+    num_partitions: int
+    msg_timeout: float
+    max_msg_timeout: float
+    max_attempts: int
+    available_now_idle_timeout: float
+    ordered: bool
+    partitions: tuple[int, ...] | None
+    start_from: StartFrom | Mapping[int, StartFrom] | None
+    reconnect_delay: float | None
+    connect_timeout: float
 
     @property
     def touch_interval(self) -> float:
@@ -346,181 +545,19 @@ class SourceOptions:
         return kwargs
 
 
-_SOURCE_KEYS = _CONNECTION_KEYS | {
-    _key(n): n
-    for n in (
-        "topic",
-        "channel",
-        "max_in_flight",
-        "max_messages_per_trigger",
-        "num_partitions",
-        "msg_timeout",
-        "max_msg_timeout",
-        "max_attempts",
-        "available_now_idle_timeout",
-        "ordered",
-        "partitions",
-        "reconnect_delay",
-        "connect_timeout",
-        "max_connections_per_nsqd",
-        "start_from",
-        "read_mode",
-        "nsqd_http_addresses",
-        "staging_location",
-        "max_bytes_per_trigger",
-        "max_bytes_in_flight",
-        "max_messages_per_partition",
-        "max_bytes_per_partition",
-        "task_idle_timeout",
-        "redelivery_window",
-    )
-}
-
-
-def _start_from(text: str | None) -> StartFrom | dict[int, StartFrom] | None:
-    """``end``, ``timestamp:<unix s>``, ``virtual_queue:<offset>``, ``msgcount:<n>``, or per
-    partition ``0=end,1=msgcount:5``."""
-    if text is None:
-        return None
-    try:
-        if "=" not in text:
-            return StartFrom.parse(text)
-        positions: dict[int, StartFrom] = {}
-        for item in text.split(","):
-            partition, sep, position = item.partition("=")
-            if not sep or not partition.strip().isdigit():
-                raise ConfigError(f"{item.strip()!r} is not <partition>=<position>")
-            positions[int(partition)] = StartFrom.parse(position)
-        return positions
-    except ConfigError as exc:
-        raise OptionError(
-            f"option 'start_from' takes end, timestamp:<unix seconds>, virtual_queue:<offset>, "
-            f"msgcount:<n>, or <partition>=<position>,...: {exc}"
-        ) from None
-
-
-def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
-    r = _Reader(options)
-    topic = r.topic()
-    assert topic is not None
-    channel = r.channel()
-    connection = _connection(r, lookupd_alone_ok=True)
-    max_in_flight = r.integer("max_in_flight", 100_000, minimum=1)
-    msg_timeout = r.seconds("msg_timeout", 60.0, minimum=1.0)
-    assert msg_timeout is not None
-    max_msg_timeout = r.seconds("max_msg_timeout", 900.0, minimum=1.0)
-    assert max_msg_timeout is not None
-    idle = r.seconds("available_now_idle_timeout", 2.0, minimum=0.0)
-    assert idle is not None
-    connect_timeout = r.seconds("connect_timeout", 30.0, minimum=0.001)
-    assert connect_timeout is not None
-    read_mode = (r.text("read_mode") or "executors").lower()
-    if read_mode not in ("executors", "driver"):
-        raise OptionError(f"option 'read_mode' is executors or driver, not {read_mode!r}")
-    # the driver holds what it reads (a window of max_in_flight, half of it a batch); the
-    # executors hold a batch between them, bounded in bytes too: larger batches cost the
-    # driver less per message
-    per_trigger = r.integer(
-        "max_messages_per_trigger",
-        EXECUTOR_MESSAGES_PER_TRIGGER if read_mode == "executors" else max(1, max_in_flight // 2),
-        minimum=1,
-    )
-    bytes_in_flight = r.text("max_bytes_in_flight")
-    if bytes_in_flight is not None and read_mode == "executors":
-        raise OptionError("option 'max_bytes_in_flight' needs read_mode 'driver'")
-    max_bytes_in_flight = r.integer("max_bytes_in_flight", DRIVER_BYTES_IN_FLIGHT, minimum=1)
-    task_idle_timeout = r.seconds("task_idle_timeout", 1.0, minimum=0.001)
-    assert task_idle_timeout is not None
-    redelivery_window = r.seconds("redelivery_window", 86_400.0, minimum=0.0)
-    assert redelivery_window is not None
-    partitions_text = r.text("partitions")
-    partitions: tuple[int, ...] | None = None
-    if partitions_text is not None:
-        try:
-            partitions = tuple(int(p) for p in partitions_text.split(",") if p.strip())
-        except ValueError:
-            raise OptionError(
-                f"option 'partitions' is a comma-separated list of integers, not {partitions_text!r}"
-            ) from None
-        if any(p < 0 for p in partitions):
-            raise OptionError("option 'partitions' takes non-negative partition numbers")
-    parsed = SourceOptions(
-        topic=topic,
-        channel=channel,
-        connection=connection,
-        max_in_flight=max_in_flight,
-        max_messages_per_trigger=per_trigger,
-        num_partitions=r.integer("num_partitions", 1, minimum=1),
-        msg_timeout=msg_timeout,
-        max_msg_timeout=max_msg_timeout,
-        max_attempts=r.integer("max_attempts", 0, minimum=0),
-        available_now_idle_timeout=idle,
-        ordered=r.boolean("ordered", False),
-        partitions=partitions,
-        reconnect_delay=r.seconds("reconnect_delay", None, minimum=0.0),
-        connect_timeout=connect_timeout,
-        max_connections_per_nsqd=r.integer("max_connections_per_nsqd", 64, minimum=1),
-        start_from=_start_from(r.text("start_from")),
-        read_mode=read_mode,
-        nsqd_http_addresses=r.addresses("nsqd_http_addresses"),
-        staging_location=r.text("staging_location"),
-        max_bytes_per_trigger=r.integer(
-            "max_bytes_per_trigger",
-            EXECUTOR_BYTES_PER_TRIGGER
-            if read_mode == "executors"
-            else max(1, max_bytes_in_flight // 2),
-            minimum=1,
-        ),
-        max_bytes_in_flight=max_bytes_in_flight,
-        max_messages_per_partition=r.integer(
-            "max_messages_per_partition", EXECUTOR_MESSAGES_PER_PARTITION, minimum=1
-        ),
-        max_bytes_per_partition=r.integer(
-            "max_bytes_per_partition", EXECUTOR_BYTES_PER_PARTITION, minimum=1
-        ),
-        task_idle_timeout=task_idle_timeout,
-        redelivery_window=redelivery_window,
-    )
-    if parsed.start_from is not None and not connection.lookupd_http_addresses:
-        raise OptionError("option 'start_from' needs lookupd_http_addresses")
-    unknown = r.unknown(_SOURCE_KEYS)
-    if unknown:
-        raise _unknown_options("source", unknown, _SOURCE_KEYS)
-    if read_mode == "executors":
-        _check_executor_mode(parsed)
-    return parsed
-
-
-def _check_executor_mode(o: SourceOptions) -> None:
-    """What reading on the executors needs: nsqd's HTTP addresses (the driver asks nsqd's
-    ``/stats`` how many messages wait) and a channel that outlives its connections."""
-    c = o.connection
-    if c.nsqd_tcp_addresses and len(o.nsqd_http_addresses) != len(c.nsqd_tcp_addresses):
-        raise OptionError(
-            "read_mode 'executors' with nsqd_tcp_addresses needs nsqd_http_addresses: nsqd's"
-            " HTTP host:port, one for each TCP address and in the same order (or give"
-            " lookupd_http_addresses, or read_mode 'driver')"
-        )
-    if o.channel.endswith("#ephemeral"):
-        raise OptionError(
-            "an #ephemeral channel ends when its last connection closes, between two tasks:"
-            " read it with read_mode 'driver'"
-        )
-    for name, used in (("ordered", o.ordered), ("start_from", o.start_from is not None)):
-        if used:
-            raise OptionError(f"option {name!r} needs read_mode 'driver'")
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SinkOptions:
+    """The sink's options: ``connection`` and the fields of ``SINK_OPTIONS`` (which has their
+    defaults and documentation)."""
+
     connection: ConnectionOptions
-    topic: str | None = None
-    batch_size: int = 500
-    batch_bytes: int = 1024 * 1024
-    max_outstanding: int = 8
-    pool_size: int = 1
-    publish_timeout: float = 30.0
-    max_publish_attempts: int = 3
+    topic: str | None
+    batch_size: int
+    batch_bytes: int
+    max_outstanding: int
+    pool_size: int
+    publish_timeout: float
+    max_publish_attempts: int
 
     def producer_key(self) -> tuple[Any, ...]:
         """What tells producers apart: sinks that differ only in topic or batching share one."""
@@ -543,46 +580,140 @@ class SinkOptions:
         return kwargs
 
 
-_SINK_KEYS = _CONNECTION_KEYS | {
-    _key(n): n
-    for n in (
-        "topic",
-        "batch_size",
-        "batch_bytes",
-        "max_outstanding",
-        "pool_size",
-        "publish_timeout",
-        "max_publish_attempts",
-        "checkpoint_location",
-    )
-}
+# -- parsing -----------------------------------------------------------------------------------
 
 
-def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
-    r = _Reader(options)
-    publish_timeout = r.seconds("publish_timeout", 30.0, minimum=0.001)
-    assert publish_timeout is not None
-    parsed = SinkOptions(
-        connection=_connection(r, lookupd_alone_ok=True),
-        topic=r.topic(required=False),
-        batch_size=r.integer("batch_size", 500, minimum=1),
-        batch_bytes=r.integer("batch_bytes", 1024 * 1024, minimum=1),
-        max_outstanding=r.integer("max_outstanding", 8, minimum=1),
-        pool_size=r.integer("pool_size", 1, minimum=1),
-        publish_timeout=publish_timeout,
-        max_publish_attempts=r.integer("max_publish_attempts", 3, minimum=1),
-    )
-    unknown = r.unknown(_SINK_KEYS)
+class _Given:
+    """The options as Spark gives them: strings, any spelling of the names."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self._values: dict[str, tuple[str, str]] = {}
+        for name, value in options.items():
+            if value is None:
+                continue
+            self._values[_key(str(name))] = (str(name), str(value))
+
+    def text(self, name: str) -> str | None:
+        """The option's text, stripped; ``None`` when it is absent or empty."""
+        found = self._values.get(_key(name))
+        value = None if found is None else found[1].strip()
+        return value or None
+
+    def unknown(self, known: Iterable[str]) -> list[str]:
+        keys = {_key(n) for n in known}
+        return sorted(name for key, (name, _) in self._values.items() if key not in keys)
+
+
+def _parse(table: Iterable[Option], given: _Given, kind: str) -> tuple[dict[str, Any], set[str]]:
+    """The values of ``table``'s options that are given (each read by its parser), and which
+    were; a missing required option fails."""
+    values: dict[str, Any] = {}
+    named: set[str] = set()
+    for option in table:
+        text = given.text(option.name)
+        if text is None:
+            if option.required:
+                raise OptionError(f"the nsq {kind} needs the option {option.name!r}")
+            continue
+        values[option.name] = option.parse(option.name, text)
+        named.add(option.name)
+    return values, named
+
+
+def _defaults(table: Iterable[Option], values: dict[str, Any], mode: str) -> None:
+    """Fill in the defaults of the options not given (those of ``mode`` where they differ)."""
+    halves: list[tuple[str, Half]] = []
+    for option in table:
+        if option.name in values:
+            continue
+        default = option.default_in(mode)
+        if isinstance(default, Half):
+            halves.append((option.name, default))
+        else:
+            values[option.name] = default
+    for name, half in halves:
+        values[name] = max(1, values[half.of] // 2)
+
+
+def _connection(values: Mapping[str, Any]) -> ConnectionOptions:
+    if not values["nsqd_tcp_addresses"] and not values["lookupd_http_addresses"]:
+        raise OptionError(
+            "give nsqd_tcp_addresses (comma-separated host:port) or lookupd_http_addresses"
+        )
+    connection = {o.name: values[o.name] for o in CONNECTION_OPTIONS}
+    if connection["tls_ca_file"] is not None or connection["tls_cert_file"] is not None:
+        connection["tls"] = True
+    return ConnectionOptions(**connection)
+
+
+def _unknown_options(kind: str, unknown: Iterable[str], known: Iterable[str]) -> OptionError:
+    """The error for options the nsq ``kind`` does not have (``known``: its options' names),
+    with the likely intended ones."""
+    names = {_key(n): n for n in known}
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(_key(name), list(names), n=1)
+        parts.append(f"{name} (did you mean {names[close[0]]}?)" if close else name)
+    return OptionError(f"unknown option(s) of the nsq {kind}: {', '.join(parts)}")
+
+
+def _check_read_mode(named: Iterable[str], mode: str) -> None:
+    """An option given that does not apply to the read mode fails, whichever the mode."""
+    wrong = [o for o in SOURCE_OPTIONS if o.name in named and mode not in o.modes]
+    if wrong:
+        raise OptionError(
+            "; ".join(
+                f"option {o.name!r} needs read_mode {'/'.join(sorted(o.modes))!r}" for o in wrong
+            )
+        )
+
+
+def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
+    given = _Given(options)
+    table = SOURCE_OPTIONS[:2] + CONNECTION_OPTIONS + SOURCE_OPTIONS[2:]
+    values, named = _parse(table, given, "data source")
+    mode = values.get("read_mode", "executors")
+    _defaults(CONNECTION_OPTIONS + SOURCE_OPTIONS, values, mode)
+    connection = _connection(values)
+    if values["start_from"] is not None and not connection.lookupd_http_addresses:
+        raise OptionError("option 'start_from' needs lookupd_http_addresses")
+    known = [o.name for o in table] + list(_SPARK_SOURCE_OPTIONS)
+    unknown = given.unknown(known)
     if unknown:
-        raise _unknown_options("sink", unknown, _SINK_KEYS)
+        raise _unknown_options("source", unknown, known)
+    _check_read_mode(named, mode)
+    parsed = SourceOptions(
+        connection=connection, **{o.name: values[o.name] for o in SOURCE_OPTIONS}
+    )
+    if mode == "executors":
+        _check_executor_mode(parsed)
     return parsed
 
 
-def _unknown_options(kind: str, unknown: Iterable[str], known: Mapping[str, str]) -> OptionError:
-    """The error for options the nsq ``kind`` does not have (``known``: each option's
-    spelling-free key to its name), with the likely intended ones."""
-    parts = []
-    for name in unknown:
-        close = difflib.get_close_matches(_key(name), list(known), n=1)
-        parts.append(f"{name} (did you mean {known[close[0]]}?)" if close else name)
-    return OptionError(f"unknown option(s) of the nsq {kind}: {', '.join(parts)}")
+def _check_executor_mode(o: SourceOptions) -> None:
+    """What reading on the executors needs: nsqd's HTTP addresses (the driver asks nsqd's
+    ``/stats`` how many messages wait) and a channel that outlives its connections."""
+    c = o.connection
+    if c.nsqd_tcp_addresses and len(o.nsqd_http_addresses) != len(c.nsqd_tcp_addresses):
+        raise OptionError(
+            "read_mode 'executors' with nsqd_tcp_addresses needs nsqd_http_addresses: nsqd's"
+            " HTTP host:port, one for each TCP address and in the same order (or give"
+            " lookupd_http_addresses, or read_mode 'driver')"
+        )
+    if o.channel.endswith("#ephemeral"):
+        raise OptionError(
+            "an #ephemeral channel ends when its last connection closes, between two tasks:"
+            " read it with read_mode 'driver'"
+        )
+
+
+def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
+    given = _Given(options)
+    values, _ = _parse(CONNECTION_OPTIONS + SINK_OPTIONS, given, "sink")
+    _defaults(CONNECTION_OPTIONS + SINK_OPTIONS, values, "executors")
+    connection = _connection(values)
+    known = [o.name for o in CONNECTION_OPTIONS + SINK_OPTIONS] + list(_SPARK_SINK_OPTIONS)
+    unknown = given.unknown(known)
+    if unknown:
+        raise _unknown_options("sink", unknown, known)
+    return SinkOptions(connection=connection, **{o.name: values[o.name] for o in SINK_OPTIONS})

@@ -333,14 +333,14 @@ LARGE_JOB = (
     JOB_START.format(arguments="nsqd, http, topic, channel, mode, staging")
     + """
 heads = []
+executors_only = {"nsqd_http_addresses": http, "staging_location": staging}
 query = (
     spark.readStream.format("nsq")
     .option("nsqd_tcp_addresses", nsqd)
-    .option("nsqd_http_addresses", http)
     .option("topic", topic)
     .option("channel", channel)
     .option("read_mode", mode)
-    .option("staging_location", staging)
+    .options(**(executors_only if mode == "executors" else {}))
     .load()
     .writeStream.foreachBatch(
         lambda df, _: heads.extend(

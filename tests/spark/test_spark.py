@@ -28,10 +28,11 @@ def source(spark: Any, emulator: Emulator, topic: str, **options: object) -> Any
     reader = (
         spark.readStream.format("nsq")
         .option("nsqd_tcp_addresses", emulator.address)
-        .option("nsqd_http_addresses", emulator.http_address)
         .option("topic", topic)
         .option("channel", "spark")
     )
+    if options.get("read_mode") != "driver":  # the executors ask nsqd's HTTP API
+        reader = reader.option("nsqd_http_addresses", emulator.http_address)
     for name, value in options.items():
         reader = reader.option(name, str(value))
     return reader.load()
@@ -71,7 +72,7 @@ def test_stream_into_parquet_delivers_every_message(
     topic, n = "into-parquet", 300
     sent = bodies(n)
     emulator.publish(topic, sent)
-    df = source(spark, emulator, topic, max_in_flight=80, maxMessagesPerTrigger=40, numPartitions=2)
+    df = source(spark, emulator, topic, maxMessagesPerTrigger=40, numPartitions=2)
     out = tmp_path / "out"
     query = (
         df.writeStream.format("parquet")
@@ -251,14 +252,7 @@ def test_available_now_ends_and_loses_nothing(
     out, checkpoint = tmp_path / "out", tmp_path / "cp"
 
     def run() -> Any:
-        df = source(
-            spark,
-            emulator,
-            topic,
-            max_in_flight=100,
-            maxMessagesPerTrigger=40,
-            available_now_idle_timeout=0.5,
-        )
+        df = source(spark, emulator, topic, maxMessagesPerTrigger=40)
         return run_available_now(df, out, checkpoint, timeout=120)
 
     query = run()
@@ -513,7 +507,7 @@ def test_stream_from_topic_to_topic(spark: Any, emulator: Emulator, tmp_path: Pa
     n = 200
     sent = bodies(n)
     emulator.publish("pipe-in", sent)
-    df = source(spark, emulator, "pipe-in", max_in_flight=100)
+    df = source(spark, emulator, "pipe-in")
     query = (
         df.selectExpr("upper(cast(body as string)) as body")
         .writeStream.format("nsq")
@@ -538,7 +532,7 @@ def test_read_aggregate_write(spark: Any, emulator: Emulator, tmp_path: Path) ->
     """The README's pipeline: count events per user and window, publish each closed window."""
     events = [f'{{"user": "u{i % 3}"}}'.encode() for i in range(30)]
     emulator.publish("agg-in", events)
-    df = source(spark, emulator, "agg-in", max_in_flight=100)
+    df = source(spark, emulator, "agg-in")
     counts = (
         df.withWatermark("timestamp", "1 second")
         .groupBy(
@@ -655,7 +649,7 @@ def test_an_idle_topic_makes_no_batch_and_a_new_message_comes_within_a_trigger(
         for row in batch.select("body").collect():
             arrived.setdefault(row.body, now)
 
-    df = source(spark, emulator, topic)  # the defaults: batches of up to 50,000
+    df = source(spark, emulator, topic)  # the defaults: batches of up to 1,000,000
     query = (
         df.writeStream.foreachBatch(on_batch)
         .option("checkpointLocation", str(tmp_path / "cp"))

@@ -489,6 +489,75 @@ def test_max_bytes_in_flight_is_an_option_of_the_driver_reader() -> None:
         )
 
 
+def test_an_option_of_the_other_read_mode_is_refused_in_either_mode() -> None:
+    base = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "127.0.0.1:4150"}
+    executors = {**base, "nsqd_http_addresses": "127.0.0.1:4151"}
+    for name, value in [
+        ("staging_location", "/tmp/staged"),
+        ("max_messages_per_partition", "10"),
+        ("max_bytes_per_partition", "10"),
+        ("task_idle_timeout", "2"),
+        ("redelivery_window", "60"),
+    ]:
+        with pytest.raises(OptionError, match=f"^option '{name}' needs read_mode 'executors'$"):
+            parse_source_options({**base, "read_mode": "driver", name: value})
+        assert getattr(parse_source_options({**executors, name: value}), name) is not None
+    with pytest.raises(OptionError, match=r"^option 'nsqd_http_addresses' needs read_mode 'exec"):
+        parse_source_options({**executors, "read_mode": "driver"})
+    for name, value in [
+        ("max_in_flight", "10"),
+        ("max_msg_timeout", "100"),
+        ("available_now_idle_timeout", "1"),
+    ]:
+        with pytest.raises(OptionError, match=f"^option '{name}' needs read_mode 'driver'$"):
+            parse_source_options({**executors, name: value})
+        parse_source_options({**base, "read_mode": "driver", name: value})
+    # every one of them is named, in any spelling; an empty value is no option
+    with pytest.raises(
+        OptionError,
+        match=r"^option 'staging_location' needs read_mode 'executors'; "
+        r"option 'task_idle_timeout' needs read_mode 'executors'$",
+    ):
+        parse_source_options(
+            {**base, "readMode": "DRIVER", "stagingLocation": "/s", "TASK_IDLE_TIMEOUT": "2"}
+        )
+    parse_source_options({**base, "read_mode": "driver", "staging_location": ""})
+
+
+def test_the_parsed_options_are_the_tables_options() -> None:
+    from dataclasses import MISSING, fields
+
+    from nsq_spark._options import (
+        CONNECTION_OPTIONS,
+        SINK_OPTIONS,
+        SOURCE_OPTIONS,
+        ConnectionOptions,
+        SinkOptions,
+        SourceOptions,
+    )
+
+    for cls, table in [
+        (ConnectionOptions, CONNECTION_OPTIONS),
+        (SourceOptions, SOURCE_OPTIONS),
+        (SinkOptions, SINK_OPTIONS),
+    ]:
+        own = [f for f in fields(cls) if f.name != "connection"]
+        assert [f.name for f in own] == [o.name for o in table], cls.__name__
+        # the defaults are the table's alone
+        assert all(f.default is MISSING and f.default_factory is MISSING for f in own)
+    # given nothing but what it needs, each option is its table's default
+    o = parse_source_options({"topic": "t", "channel": "c", "lookupd_http_addresses": "l:1"})
+    for option in SOURCE_OPTIONS[3:]:
+        if option.name not in ("max_bytes_per_trigger", "max_messages_per_trigger"):
+            assert getattr(o, option.name) == option.default, option.name
+    assert (o.max_messages_per_trigger, o.max_bytes_per_trigger) == (1_000_000, 256 << 20)
+    sink = parse_sink_options({"nsqd_tcp_addresses": "a:1"})
+    for option in SINK_OPTIONS:
+        assert getattr(sink, option.name) == option.default, option.name
+    for option in CONNECTION_OPTIONS[2:]:
+        assert getattr(sink.connection, option.name) == option.default, option.name
+
+
 def test_max_in_flight_above_nsqds_cap_opens_more_connections(
     emulator: Emulator, readers: list[NSQStreamReader]
 ) -> None:
