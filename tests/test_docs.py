@@ -139,3 +139,79 @@ def test_configuration_reference_lists_every_option(
         same_name = name in GO_NSQ
         assert go_nsq == (f"`{name}`" if same_name else "—"), where
         assert (unit == "s") == is_seconds(name, cls), f"{where}: unit {unit!r}"
+
+
+# ------------------------------------------------------------------ the Spark data source's options
+
+#: the tables of docs/spark.md's "## Options": what comes before each, and whether it has a read
+#: mode column
+SPARK_TABLES = [
+    ("Connection (source and sink, both read modes):", "CONNECTION_OPTIONS", False),
+    ("Source:", "SOURCE_OPTIONS", True),
+    ("Sink:", "SINK_OPTIONS", False),
+]
+
+
+def spark_option_table(heading: str) -> dict[str, list[str]]:
+    """The rows of the table after ``heading`` in docs/spark.md's options: option -> its
+    other cells."""
+    text = (DOCS / "spark.md").read_text().split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    body = text.split(f"\n{heading}\n", 1)[1].strip("\n").split("\n\n", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        assert line.startswith("| "), f"{heading}: {line!r} is not a table row"
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] in ("option", "---"):
+            continue
+        name = cells[0]
+        assert re.fullmatch(r"`[a-z_]+`", name), f"{heading}: {name} is not one option"
+        assert name.strip("`") not in rows, f"{heading}: {name} listed twice"
+        rows[name.strip("`")] = cells[1:]
+    return rows
+
+
+def spark_default(value: object) -> str:
+    """A default as docs/spark.md writes it."""
+    from nsq_spark._options import Half
+
+    if isinstance(value, Half):
+        return f"`{value.of} / 2`"
+    if isinstance(value, bool | str):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value is None or value == ():
+        return ""
+    return str(value)
+
+
+@pytest.mark.parametrize(
+    ("heading", "table_name", "with_modes"), SPARK_TABLES, ids=[t[1] for t in SPARK_TABLES]
+)
+def test_the_spark_option_tables_match_the_sources_table(
+    heading: str, table_name: str, with_modes: bool
+) -> None:
+    pytest.importorskip("pyspark")
+    from nsq_spark import _options
+
+    table = getattr(_options, table_name)
+    rows = spark_option_table(heading)
+    assert list(rows) == [o.name for o in table], f"{heading}: the options differ"
+    for option in table:
+        cells = rows[option.name]
+        if option.required:
+            default = "required"
+        elif isinstance(option.default, _options.PerMode):
+            default = "; ".join(
+                f"{mode}: {spark_default(option.default_in(mode))}" for mode in _options.READ_MODES
+            )
+        elif option.default is None and option.default_means:
+            default = option.default_means
+        else:
+            default = spark_default(option.default)
+        assert cells[0] == default, f"{heading} {option.name}: its default"
+        modes = "both" if option.modes == set(_options.READ_MODES) else "/".join(option.modes)
+        if with_modes:
+            assert cells[1] == modes, f"{heading} {option.name}: its read modes"
+        else:
+            assert modes == "both", f"{heading} {option.name}: a table without read modes"
