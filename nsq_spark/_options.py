@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import ssl
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nsq_proto import ConfigError, StartFrom, parse_addresses
@@ -223,6 +223,11 @@ class Option:
     required: bool = False
     #: what the default means when it is ``None`` (the documentation's words)
     default_means: str = ""
+    #: the name without its spelling (case, underscores)
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", _key(self.name))
 
     def default_in(self, mode: str) -> Any:
         return getattr(self.default, mode) if isinstance(self.default, PerMode) else self.default
@@ -593,15 +598,15 @@ class _Given:
                 continue
             self._values[_key(str(name))] = (str(name), str(value))
 
-    def text(self, name: str) -> str | None:
+    def text(self, option: Option) -> str | None:
         """The option's text, stripped; ``None`` when it is absent or empty."""
-        found = self._values.get(_key(name))
+        found = self._values.get(option.key)
         value = None if found is None else found[1].strip()
         return value or None
 
-    def unknown(self, known: Iterable[str]) -> list[str]:
-        keys = {_key(n) for n in known}
-        return sorted(name for key, (name, _) in self._values.items() if key not in keys)
+    def unknown(self, known: Mapping[str, str]) -> list[str]:
+        """The options given that are not ``known`` (spelling-free key -> name)."""
+        return sorted(name for key, (name, _) in self._values.items() if key not in known)
 
 
 def _parse(table: Iterable[Option], given: _Given, kind: str) -> tuple[dict[str, Any], set[str]]:
@@ -610,7 +615,7 @@ def _parse(table: Iterable[Option], given: _Given, kind: str) -> tuple[dict[str,
     values: dict[str, Any] = {}
     named: set[str] = set()
     for option in table:
-        text = given.text(option.name)
+        text = given.text(option)
         if text is None:
             if option.required:
                 raise OptionError(f"the nsq {kind} needs the option {option.name!r}")
@@ -646,14 +651,13 @@ def _connection(values: Mapping[str, Any]) -> ConnectionOptions:
     return ConnectionOptions(**connection)
 
 
-def _unknown_options(kind: str, unknown: Iterable[str], known: Iterable[str]) -> OptionError:
-    """The error for options the nsq ``kind`` does not have (``known``: its options' names),
-    with the likely intended ones."""
-    names = {_key(n): n for n in known}
+def _unknown_options(kind: str, unknown: Iterable[str], known: Mapping[str, str]) -> OptionError:
+    """The error for options the nsq ``kind`` does not have (``known``: each option's
+    spelling-free key to its name), with the likely intended ones."""
     parts = []
     for name in unknown:
-        close = difflib.get_close_matches(_key(name), list(names), n=1)
-        parts.append(f"{name} (did you mean {names[close[0]]}?)" if close else name)
+        close = difflib.get_close_matches(_key(name), list(known), n=1)
+        parts.append(f"{name} (did you mean {known[close[0]]}?)" if close else name)
     return OptionError(f"unknown option(s) of the nsq {kind}: {', '.join(parts)}")
 
 
@@ -668,19 +672,24 @@ def _check_read_mode(named: Iterable[str], mode: str) -> None:
         )
 
 
+#: what the source reads, in order (its topic and channel first), and every name it knows
+_SOURCE_TABLE = SOURCE_OPTIONS[:2] + CONNECTION_OPTIONS + SOURCE_OPTIONS[2:]
+_SOURCE_KNOWN = {_key(n): n for n in [o.name for o in _SOURCE_TABLE] + list(_SPARK_SOURCE_OPTIONS)}
+_SINK_TABLE = CONNECTION_OPTIONS + SINK_OPTIONS
+_SINK_KNOWN = {_key(n): n for n in [o.name for o in _SINK_TABLE] + list(_SPARK_SINK_OPTIONS)}
+
+
 def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
     given = _Given(options)
-    table = SOURCE_OPTIONS[:2] + CONNECTION_OPTIONS + SOURCE_OPTIONS[2:]
-    values, named = _parse(table, given, "data source")
+    values, named = _parse(_SOURCE_TABLE, given, "data source")
     mode = values.get("read_mode", "executors")
-    _defaults(CONNECTION_OPTIONS + SOURCE_OPTIONS, values, mode)
+    _defaults(_SOURCE_TABLE, values, mode)
     connection = _connection(values)
     if values["start_from"] is not None and not connection.lookupd_http_addresses:
         raise OptionError("option 'start_from' needs lookupd_http_addresses")
-    known = [o.name for o in table] + list(_SPARK_SOURCE_OPTIONS)
-    unknown = given.unknown(known)
+    unknown = given.unknown(_SOURCE_KNOWN)
     if unknown:
-        raise _unknown_options("source", unknown, known)
+        raise _unknown_options("source", unknown, _SOURCE_KNOWN)
     _check_read_mode(named, mode)
     parsed = SourceOptions(
         connection=connection, **{o.name: values[o.name] for o in SOURCE_OPTIONS}
@@ -709,11 +718,10 @@ def _check_executor_mode(o: SourceOptions) -> None:
 
 def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     given = _Given(options)
-    values, _ = _parse(CONNECTION_OPTIONS + SINK_OPTIONS, given, "sink")
-    _defaults(CONNECTION_OPTIONS + SINK_OPTIONS, values, "executors")
+    values, _ = _parse(_SINK_TABLE, given, "sink")
+    _defaults(_SINK_TABLE, values, "executors")
     connection = _connection(values)
-    known = [o.name for o in CONNECTION_OPTIONS + SINK_OPTIONS] + list(_SPARK_SINK_OPTIONS)
-    unknown = given.unknown(known)
+    unknown = given.unknown(_SINK_KNOWN)
     if unknown:
-        raise _unknown_options("sink", unknown, known)
+        raise _unknown_options("sink", unknown, _SINK_KNOWN)
     return SinkOptions(connection=connection, **{o.name: values[o.name] for o in SINK_OPTIONS})
