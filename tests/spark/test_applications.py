@@ -31,19 +31,8 @@ needs_nsqd = pytest.mark.skipif(not NSQD, reason="no real nsqd: set NSQD to the 
 
 @pytest.fixture(scope="module")
 def nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNSQD]:
-    from tests.support.net import free_port
-
     assert NSQD
-    tcp, http = free_port(), free_port()
-    argv = [
-        NSQD,
-        f"--tcp-address=127.0.0.1:{tcp}",
-        f"--http-address=127.0.0.1:{http}",
-        "--https-address=",
-        "--broadcast-address=127.0.0.1",
-        f"--data-path={tmp_path_factory.mktemp('nsqd')}",
-    ]
-    node = RealNSQD(argv, f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
+    node = RealNSQD.fresh(tmp_path_factory.mktemp("nsqd"))
     node.start()
     try:
         yield node

@@ -52,23 +52,11 @@ STALL = 180.0
 
 @pytest.fixture(scope="module")
 def two_nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealNSQD]]:
-    from tests.support.net import free_port
-
     assert NSQD
     nodes = []
     try:
         for i in range(2):
-            tcp, http = free_port(), free_port()
-            data = tmp_path_factory.mktemp(f"nsqd{i}")
-            argv = [
-                NSQD,
-                f"--tcp-address=127.0.0.1:{tcp}",
-                f"--http-address=127.0.0.1:{http}",
-                "--https-address=",
-                "--broadcast-address=127.0.0.1",
-                f"--data-path={data}",
-            ]
-            node = RealNSQD(argv, f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
+            node = RealNSQD.fresh(tmp_path_factory.mktemp(f"nsqd{i}"))
             node.start()
             nodes.append(node)
         yield nodes

@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import pytest
 
-from tests.support.net import free_port, wait_http
+from tests.support.net import start_server, wait_serving
 
 from .helpers import Emulator, wait_for
 
@@ -77,17 +77,51 @@ class EmulatedNSQD:
 
 
 class RealNSQD:
+    """A real nsqd on loopback.  :meth:`fresh` chooses its ports at its first start (again,
+    when another process took one first); a restart keeps them."""
+
     def __init__(self, argv: list[str], tcp: str, http: str) -> None:
         self.argv = argv
         self.address = tcp
         self.http = http
         self.proc: subprocess.Popen[bytes] | None = None
+        self._argv_for: Any = None
+
+    @classmethod
+    def fresh(cls, data: str | Path, *extra: str) -> RealNSQD:
+        """An nsqd keeping its messages in ``data``, on ports chosen when it starts."""
+        assert NSQD
+        binary = NSQD
+
+        def argv_for(ports: list[int]) -> list[str]:
+            return [
+                binary,
+                f"--tcp-address=127.0.0.1:{ports[0]}",
+                f"--http-address=127.0.0.1:{ports[1]}",
+                "--https-address=",
+                "--broadcast-address=127.0.0.1",
+                f"--data-path={data}",
+                *extra,
+            ]
+
+        node = cls([], "", "")
+        node._argv_for = argv_for
+        return node
 
     def start(self) -> None:
+        if self._argv_for is not None:  # the first start of a fresh() nsqd
+            argv_for, self._argv_for = self._argv_for, None
+            self.proc, ports = start_server(
+                argv_for, 2, lambda ports: f"http://127.0.0.1:{ports[1]}/ping"
+            )
+            self.argv = argv_for(ports)
+            self.address, self.http = f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"
+            return
         self.proc = subprocess.Popen(
             self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_http(f"http://{self.http}/ping")
+        ports = [int(a.rsplit(":", 1)[1]) for a in (self.address, self.http)]
+        wait_serving(self.proc, f"http://{self.http}/ping", ports)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -126,15 +160,8 @@ class RealNSQD:
 def real_nsqd() -> Iterator[RealNSQD]:
     if not NSQD:
         pytest.skip("no real nsqd: set NSQD to the binary to run the driver tests against it")
-    tcp, http = free_port(), free_port()
     data = tempfile.mkdtemp(prefix="nsqd-spark-")
-    argv = [
-        NSQD,
-        f"--tcp-address=127.0.0.1:{tcp}",
-        f"--http-address=127.0.0.1:{http}",
-        f"--data-path={data}",
-    ]
-    nsqd = RealNSQD(argv, f"127.0.0.1:{tcp}", f"127.0.0.1:{http}")
+    nsqd = RealNSQD.fresh(data)
     try:
         nsqd.start()
         yield nsqd

@@ -27,8 +27,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.net import free_port
-
 from ._cluster import ROOT, spark_env
 from .test_connect import missing
 from .test_driver_restarts import NSQD, RealNSQD
@@ -51,19 +49,7 @@ KNOWN_FAILURE = "__python_accumulator__"
 @pytest.fixture
 def nsqd(tmp_path: Path) -> Iterator[RealNSQD]:
     assert NSQD
-    tcp, http = free_port(), free_port()
-    node = RealNSQD(
-        [
-            NSQD,
-            f"--tcp-address=127.0.0.1:{tcp}",
-            f"--http-address=127.0.0.1:{http}",
-            "--https-address=",
-            "--broadcast-address=127.0.0.1",
-            f"--data-path={tmp_path / 'nsqd'}",
-        ],
-        f"127.0.0.1:{tcp}",
-        f"127.0.0.1:{http}",
-    )
+    node = RealNSQD.fresh(tmp_path / "nsqd")
     (tmp_path / "nsqd").mkdir()
     node.start()
     try:
