@@ -8,11 +8,9 @@ import json
 import os
 import pty
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,9 +19,9 @@ import pytest
 
 from tests.support import ROOT
 from tests.support.extras import program_with
-from tests.support.net import free_port, free_ports, start_server
+from tests.support.net import free_port, free_ports
 from tests.support.served import Running, run, running, server
-from tests.support.servers import NSQD, NSQLOOKUPD
+from tests.support.servers import NSQD, NSQLOOKUPD, Lookupd, Nsqd
 
 __all__ = ["server"]
 
@@ -655,44 +653,19 @@ def http_post(url: str, body: bytes = b"") -> None:
 def real() -> Iterator[dict[str, str]]:
     if not (NSQD and NSQLOOKUPD):
         pytest.skip("no real nsqd/nsqlookupd: set NSQD and NSQLOOKUPD to the binaries")
-    data = tempfile.mkdtemp(prefix="nsqd-cli-test-")
-    procs = []
+    lookupd = Lookupd()
+    nsqd = Nsqd(lookupd=lookupd, durable=False)
     try:
-        proc, lookupd = start_server(
-            lambda p: [
-                NSQLOOKUPD,
-                f"--tcp-address=127.0.0.1:{p[0]}",
-                f"--http-address=127.0.0.1:{p[1]}",
-            ],
-            2,
-            lambda p: f"http://127.0.0.1:{p[1]}/ping",
-        )
-        procs.append(proc)
-        proc, nsqd = start_server(
-            lambda p: [
-                NSQD,
-                f"--tcp-address=127.0.0.1:{p[0]}",
-                f"--http-address=127.0.0.1:{p[1]}",
-                "--broadcast-address=127.0.0.1",
-                f"--lookupd-tcp-address=127.0.0.1:{lookupd[0]}",
-                f"--data-path={data}",
-            ],
-            2,
-            lambda p: f"http://127.0.0.1:{p[1]}/ping",
-        )
-        procs.append(proc)
-        ports = [*lookupd, *nsqd]
+        lookupd.start()
+        nsqd.start()
         yield {
-            "lookupd HTTP": f"127.0.0.1:{ports[1]}",
-            "nsqd TCP": f"127.0.0.1:{ports[2]}",
-            "nsqd HTTP": f"127.0.0.1:{ports[3]}",
+            "lookupd HTTP": lookupd.http_address,
+            "nsqd TCP": nsqd.tcp_address,
+            "nsqd HTTP": f"127.0.0.1:{nsqd.http}",
         }
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
-        shutil.rmtree(data, ignore_errors=True)
+        nsqd.cleanup()
+        lookupd.stop()
 
 
 def test_stats_of_real_nsqd_tcp_port_and_lookupd(real: dict[str, str]) -> None:

@@ -21,7 +21,7 @@ import pytest
 from nsq_client import Message
 from tests.support.backends import anyio_backend, lib, way
 from tests.support.net import start_server
-from tests.support.servers import MISSING, NSQD, NSQLOOKUPD, auth_server
+from tests.support.servers import MISSING, NSQD, NSQLOOKUPD, Lookupd, Nsqd, auth_server
 
 __all__ = ["anyio_backend", "lib", "way"]
 
@@ -47,40 +47,15 @@ class Servers:
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
     assert NSQD and NSQLOOKUPD
-    data = tempfile.mkdtemp(prefix="nsqd-test-")
-    procs = []
+    lookupd = Lookupd()
+    nsqd = Nsqd(lookupd=lookupd, durable=False)
     try:
-        proc, lookupd = start_server(
-            lambda p: [
-                NSQLOOKUPD,
-                f"--tcp-address=127.0.0.1:{p[0]}",
-                f"--http-address=127.0.0.1:{p[1]}",
-            ],
-            2,
-            lambda p: f"http://127.0.0.1:{p[1]}/ping",
-        )
-        procs.append(proc)
-        proc, nsqd = start_server(
-            lambda p: [
-                NSQD,
-                f"--tcp-address=127.0.0.1:{p[0]}",
-                f"--http-address=127.0.0.1:{p[1]}",
-                "--broadcast-address=127.0.0.1",
-                f"--lookupd-tcp-address=127.0.0.1:{lookupd[0]}",
-                f"--data-path={data}",
-            ],
-            2,
-            lambda p: f"http://127.0.0.1:{p[1]}/ping",
-        )
-        procs.append(proc)
-        ports = [*lookupd, *nsqd]
-        yield Servers(f"127.0.0.1:{ports[2]}", f"127.0.0.1:{ports[3]}", f"127.0.0.1:{ports[1]}")
+        lookupd.start()
+        nsqd.start()
+        yield Servers(nsqd.tcp_address, f"127.0.0.1:{nsqd.http}", lookupd.http_address)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
-        shutil.rmtree(data, ignore_errors=True)
+        nsqd.cleanup()
+        lookupd.stop()
 
 
 async def consume(consumer: Any, n: int) -> list[Any]:

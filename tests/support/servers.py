@@ -51,8 +51,16 @@ class Process:
         raise NotImplementedError
 
     @property
+    def tcp(self) -> int:
+        return self.ports[0]
+
+    @property
+    def http(self) -> int:
+        return self.ports[1]
+
+    @property
     def ping(self) -> str:
-        raise NotImplementedError
+        return f"http://127.0.0.1:{self.http}/ping"
 
     def start(self) -> None:
         if not self.started:
@@ -111,14 +119,6 @@ class Lookupd(Process):
         assert NSQLOOKUPD
         super().__init__(2)
 
-    @property
-    def tcp(self) -> int:
-        return self.ports[0]
-
-    @property
-    def http(self) -> int:
-        return self.ports[1]
-
     def argv(self) -> list[str]:
         assert NSQLOOKUPD
         return [
@@ -128,32 +128,22 @@ class Lookupd(Process):
         ]
 
     @property
-    def ping(self) -> str:
-        return f"http://127.0.0.1:{self.http}/ping"
-
-    @property
     def http_address(self) -> str:
         return f"127.0.0.1:{self.http}"
 
 
 class Nsqd(Process):
-    """Every acknowledged publish reaches the disk before the OK (``--mem-queue-size=0
-    --sync-every=1``), so a kill -9 loses only what nsqd held in memory: in-flight messages."""
+    """``durable`` (the default): every acknowledged publish reaches the disk before the OK
+    (``--mem-queue-size=0 --sync-every=1``), so a kill -9 loses only what nsqd held in memory:
+    in-flight messages.  Otherwise nsqd's own defaults."""
 
-    def __init__(self, *extra: str, lookupd: Lookupd | None = None) -> None:
+    def __init__(self, *extra: str, lookupd: Lookupd | None = None, durable: bool = True) -> None:
         assert NSQD
         self.extra = extra
         self.lookupd = lookupd
+        self.durable = durable
         self.data = tempfile.mkdtemp(prefix="nsqd-fault-")
         super().__init__(2)
-
-    @property
-    def tcp(self) -> int:
-        return self.ports[0]
-
-    @property
-    def http(self) -> int:
-        return self.ports[1]
 
     def argv(self) -> list[str]:
         assert NSQD
@@ -164,17 +154,12 @@ class Nsqd(Process):
             "--https-address=",
             "--broadcast-address=127.0.0.1",
             f"--data-path={self.data}",
-            "--mem-queue-size=0",
-            "--sync-every=1",
+            *(("--mem-queue-size=0", "--sync-every=1") if self.durable else ()),
             *self.extra,
         ]
         if self.lookupd is not None:
             argv.append(f"--lookupd-tcp-address=127.0.0.1:{self.lookupd.tcp}")
         return argv
-
-    @property
-    def ping(self) -> str:
-        return f"http://127.0.0.1:{self.http}/ping"
 
     @property
     def tcp_address(self) -> str:
