@@ -72,6 +72,9 @@ SYSTEM = "nsq"
 #: the instrumentation scope's name (the tracer's and the meter's)
 SCOPE = "nsq_client.otel"
 #: the conventions' buckets for the duration histograms, in seconds
+#: the status of the span of a message taken with ``async for`` that can no longer be answered
+CLOSED_UNANSWERED = "its connection closed before an answer (nsqd delivers it again)"
+STOPPED_UNANSWERED = "the consumer stopped before an answer (requeued, or nsqd delivers it again)"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
 
 
@@ -120,9 +123,10 @@ def _split(address: str) -> tuple[str, int] | None:
 
 
 class _TracedMessage(Message):
-    """A message taken with ``async for`` while instrumented: its span ends with its answer."""
+    """A message taken with ``async for`` while instrumented: its span ends with its answer,
+    or when its connection closes or its consumer stops before one (answer ``none``)."""
 
-    __slots__ = ("_answer", "_attributes", "_span", "_start", "_telemetry")
+    __slots__ = ("_answer", "_attributes", "_held", "_span", "_start", "_telemetry")
 
     def __init__(
         self,
@@ -130,6 +134,7 @@ class _TracedMessage(Message):
         telemetry: _Instrumentation,
         span: Span,
         attributes: dict[str, Any],
+        held: set[_TracedMessage],
     ) -> None:
         super().__init__(message._origin, message._message)
         self._telemetry = telemetry
@@ -137,11 +142,23 @@ class _TracedMessage(Message):
         self._attributes = attributes
         self._start = time.perf_counter()
         self._answer = "finish"
+        #: the unanswered traced messages of its connection, itself among them
+        self._held = held
+        held.add(self)
 
     def _mark(self) -> None:
         super()._mark()
+        self._end(self._answer)
+
+    def _end(self, answer: str, unanswered: str | None = None) -> None:
+        """End the span once: with the answer, or ``unanswered`` (why none can come)."""
+        if self not in self._held:
+            return  # ended already (its connection closed, then the application answered)
+        self._held.discard(self)
         span = self._span
-        span.set_attribute("nsq.message.answer", self._answer)
+        span.set_attribute("nsq.message.answer", answer)
+        if unanswered is not None:
+            span.set_status(Status(StatusCode.ERROR, unanswered))
         span.end()
         self._telemetry.process_duration.record(time.perf_counter() - self._start, self._attributes)
 
@@ -152,15 +169,18 @@ class _TracedMessage(Message):
 
 
 class _ConsumerSeen:
-    """What the instrumentation remembers of a consumer: its connections' addresses."""
+    """What the instrumentation remembers of a consumer: its connections' addresses, and
+    the messages taken with ``async for`` that wait for an answer."""
 
-    __slots__ = ("addresses", "conns")
+    __slots__ = ("addresses", "conns", "held")
 
     def __init__(self) -> None:
         #: every address a connection was ready to (a new one to it is a reconnect)
         self.addresses: set[tuple[str, int]] = set()
         #: conn_id -> address, while connected
         self.conns: dict[int, tuple[str, int]] = {}
+        #: conn_id -> its unanswered traced messages
+        self.held: dict[int, set[_TracedMessage]] = {}
 
 
 class _Instrumentation:
@@ -380,7 +400,9 @@ class _Instrumentation:
             attributes=attributes,
             links=links,
         )
-        return _TracedMessage(message, self, span, metric_attributes)
+        seen = self._seen.setdefault(consumer, _ConsumerSeen())
+        held = seen.held.setdefault(message.conn_id, set())
+        return _TracedMessage(message, self, span, metric_attributes, held)
 
     def consumer_event(self, consumer: Consumer, event: Event) -> None:
         if isinstance(event, Ready):
@@ -394,6 +416,9 @@ class _Instrumentation:
         elif isinstance(event, ConnectionClosed):
             known = self._seen.get(consumer)
             address = None if known is None else known.conns.pop(event.conn_id, None)
+            if known is not None:
+                for message in list(known.held.pop(event.conn_id, ())):
+                    message._end("none", CLOSED_UNANSWERED)
             if event.error is not None:
                 counter = self.losses if event.connected else self.failures
                 counter.add(1, _consumer_attributes(consumer, address))
@@ -402,6 +427,10 @@ class _Instrumentation:
         elif isinstance(event, MessageGivenUp):
             self.given_up.add(1, _consumer_attributes(consumer))
         elif isinstance(event, Stopped) and consumer not in self._retired_consumers:
+            known = self._seen.get(consumer)
+            for held in [] if known is None else list(known.held.values()):
+                for message in list(held):
+                    message._end("none", STOPPED_UNANSWERED)
             # its counts stop moving: kept among the retired ones from now on
             self._retired_consumers.add(consumer)
             totals = self._retired.setdefault((consumer.topic, consumer.channel), [0, 0])

@@ -254,6 +254,41 @@ def test_a_message_taken_with_async_for_has_a_span_until_it_is_answered(
 
 
 @NEEDS_NSQD
+def test_the_span_of_a_message_never_answered_ends_when_its_consumer_stops(
+    nsqd: Nsqd, recorded: Recorded
+) -> None:
+    """A message taken with ``async for`` and left unanswered: its span ends (answer ``none``,
+    an error status saying why) when the consumer stops, and answering it later ends nothing
+    twice."""
+    address = nsqd.tcp_address
+    held: list[nsq_client.Message] = []
+
+    async def main() -> None:
+        async with nsq_anyio.Producer(nsqd_tcp_addresses=[address]) as producer:
+            await producer.publish_many("otel_unanswered", [b"a", b"b"])
+        async with nsq_anyio.Consumer(
+            "otel_unanswered",
+            "c",
+            nsqd_tcp_addresses=[address],
+            max_in_flight=2,
+            stop_timeout=0.5,
+        ) as consumer:
+            with anyio.fail_after(30):
+                held.extend([await consumer.__anext__(), await consumer.__anext__()])
+            await held[0].finish()
+        await held[1].finish()  # too late: its connection is gone
+
+    anyio.run(main)
+    spans = recorded.finished(SpanKind.CONSUMER)
+    answers = [(s.attributes or {}).get("nsq.message.answer") for s in spans]
+    assert answers == ["finish", "none"]
+    assert spans[0].status.status_code is StatusCode.UNSET
+    assert spans[1].status.status_code is StatusCode.ERROR
+    assert "before an answer" in (spans[1].status.description or "")
+    assert recorded.count("messaging.process.duration") == 2
+
+
+@NEEDS_NSQD
 def test_uninstrumented_nothing_is_recorded(nsqd: Nsqd, recorded: Recorded) -> None:
     nsq_client.otel.uninstrument()
     address = nsqd.tcp_address
