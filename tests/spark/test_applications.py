@@ -32,7 +32,7 @@ needs_nsqd = pytest.mark.skipif(not NSQD, reason="no real nsqd: set NSQD to the 
 @pytest.fixture(scope="module")
 def nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNSQD]:
     assert NSQD
-    node = RealNSQD.fresh(tmp_path_factory.mktemp("nsqd"))
+    node = RealNSQD(tmp_path_factory.mktemp("nsqd"))
     node.start()
     try:
         yield node

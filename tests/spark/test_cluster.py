@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.support.load import CpuPressure, wait_while_moving
+from tests.support.net import socket_inodes, tcp_sockets
 
 from ._cluster import ROOT, Cluster, spark_env
 from .helpers import wait_for
@@ -56,7 +57,7 @@ def two_nsqd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealNSQD
     nodes = []
     try:
         for i in range(2):
-            node = RealNSQD.fresh(tmp_path_factory.mktemp(f"nsqd{i}"))
+            node = RealNSQD(tmp_path_factory.mktemp(f"nsqd{i}"))
             node.start()
             nodes.append(node)
         yield nodes
@@ -319,34 +320,19 @@ def _socket_pids(pids: Iterable[int] | None = None) -> dict[int, int]:
     """socket inode -> the pid holding it, among ``pids`` (default: this user's processes)."""
     if pids is None:
         pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    found = {}
-    for pid in pids:
-        try:
-            descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in descriptors:
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                found[int(target[8:-1])] = pid
-    return found
+    return {inode: pid for pid in pids for inode in socket_inodes(pid)}
 
 
 def _tcp_inodes(ports: set[int], *, remote: bool = False) -> set[int]:
     """The socket inodes of the TCP connections (``/proc/net/tcp``) whose local end, or with
     ``remote`` whose far end of an established connection, has one of ``ports``."""
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        end = fields[2] if remote else fields[1]
-        if remote and fields[3] != "01":  # not ESTABLISHED
-            continue
-        if int(end.rpartition(":")[2], 16) in ports and fields[9] != "0":
-            inodes.add(int(fields[9]))
-    return inodes
+    return {
+        inode
+        for state, local, far, inode in tcp_sockets(("/proc/net/tcp",))
+        if (far if remote else local) in ports
+        and inode != 0
+        and (not remote or state == "01")  # the far end: of an ESTABLISHED connection
+    }
 
 
 def _process_tree() -> dict[int, list[int]]:

@@ -26,7 +26,7 @@ from typing import Any, Literal, Protocol
 
 import pytest
 
-from tests.support.net import start_server, wait_serving
+from tests.support.servers import Nsqd
 
 from .helpers import Emulator, wait_for
 
@@ -45,7 +45,8 @@ class Counts:
 
 
 class Target(Protocol):
-    address: str
+    @property
+    def address(self) -> str: ...
 
     def publish(self, topic: str, bodies: list[bytes]) -> None: ...
 
@@ -77,57 +78,30 @@ class EmulatedNSQD:
 
 
 class RealNSQD:
-    """A real nsqd on loopback.  :meth:`fresh` chooses its ports at its first start (again,
-    when another process took one first); a restart keeps them."""
+    """A real nsqd on loopback (``tests/support/servers.Nsqd``), addressed as the Spark
+    options name it: ``address`` (TCP) and ``http``, each ``host:port``."""
 
-    def __init__(self, argv: list[str], tcp: str, http: str) -> None:
-        self.argv = argv
-        self.address = tcp
-        self.http = http
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._argv_for: Any = None
-
-    @classmethod
-    def fresh(cls, data: str | Path, *extra: str) -> RealNSQD:
+    def __init__(self, data: str | Path) -> None:
         """An nsqd keeping its messages in ``data``, on ports chosen when it starts."""
-        assert NSQD
-        binary = NSQD
+        self.server = Nsqd(data=str(data), durable=False)
 
-        def argv_for(ports: list[int]) -> list[str]:
-            return [
-                binary,
-                f"--tcp-address=127.0.0.1:{ports[0]}",
-                f"--http-address=127.0.0.1:{ports[1]}",
-                "--https-address=",
-                "--broadcast-address=127.0.0.1",
-                f"--data-path={data}",
-                *extra,
-            ]
+    @property
+    def address(self) -> str:
+        return self.server.tcp_address
 
-        node = cls([], "", "")
-        node._argv_for = argv_for
-        return node
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.server.http}"
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.server.proc
 
     def start(self) -> None:
-        if self._argv_for is not None:  # the first start of a fresh() nsqd
-            argv_for, self._argv_for = self._argv_for, None
-            self.proc, ports = start_server(
-                argv_for, 2, lambda ports: f"http://127.0.0.1:{ports[1]}/ping"
-            )
-            self.argv = argv_for(ports)
-            self.address, self.http = f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"
-            return
-        self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        ports = [int(a.rsplit(":", 1)[1]) for a in (self.address, self.http)]
-        wait_serving(self.proc, f"http://{self.http}/ping", ports)
+        self.server.start()
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()  # nsqd writes what it holds to disk
-            self.proc.wait(timeout=30)
-            self.proc = None
+        self.server.stop(timeout=30.0)
 
     def restart(self) -> None:
         self.stop()
@@ -161,7 +135,7 @@ def real_nsqd() -> Iterator[RealNSQD]:
     if not NSQD:
         pytest.skip("no real nsqd: set NSQD to the binary to run the driver tests against it")
     data = tempfile.mkdtemp(prefix="nsqd-spark-")
-    nsqd = RealNSQD.fresh(data)
+    nsqd = RealNSQD(data)
     try:
         nsqd.start()
         yield nsqd

@@ -49,7 +49,7 @@ KNOWN_FAILURE = "__python_accumulator__"
 @pytest.fixture
 def nsqd(tmp_path: Path) -> Iterator[RealNSQD]:
     assert NSQD
-    node = RealNSQD.fresh(tmp_path / "nsqd")
+    node = RealNSQD(tmp_path / "nsqd")
     (tmp_path / "nsqd").mkdir()
     node.start()
     try:

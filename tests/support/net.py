@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,40 +63,52 @@ class PortTaken(RuntimeError):
     between the moment they were chosen and the server's own bind."""
 
 
-def listening_inodes(ports: Sequence[int]) -> dict[int, set[int]]:
-    """port -> the socket inodes listening on it (any address), from /proc/net/tcp{,6}."""
-    found: dict[int, set[int]] = {port: set() for port in ports}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def tcp_sockets(
+    tables: Sequence[str] = ("/proc/net/tcp", "/proc/net/tcp6"),
+) -> Iterator[tuple[str, int, int, int]]:
+    """``(state, local port, remote port, inode)`` of each TCP socket of this network
+    namespace (state ``0A``: listening, ``01``: established; inode 0: no socket any more,
+    as in TIME_WAIT)."""
+    for table in tables:
         try:
             lines = Path(table).read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+            if len(fields) < 10:
                 continue
-            port = int(fields[1].rsplit(":", 1)[1], 16)
-            if port in found:
-                found[port].add(int(fields[9]))
-    return found
+            local = int(fields[1].rpartition(":")[2], 16)
+            remote = int(fields[2].rpartition(":")[2], 16)
+            yield fields[3], local, remote, int(fields[9])
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds (none when it is gone)."""
+    held: set[int] = set()
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return held
+    for fd in descriptors:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            held.add(int(target[8:-1]))
+    return held
 
 
 def owns_listeners(pid: int, ports: Sequence[int]) -> bool:
     """Whether process ``pid`` holds a listening socket on every one of ``ports``."""
-    wanted = listening_inodes(ports)
+    wanted: dict[int, set[int]] = {port: set() for port in ports}
+    for state, local, _remote, inode in tcp_sockets():
+        if state == "0A" and local in wanted:
+            wanted[local].add(inode)
     if not all(wanted.values()):
         return False
-    held = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                held.add(int(target[8:-1]))
-    except OSError:
-        return False
+    held = socket_inodes(pid)
     return all(inodes & held for inodes in wanted.values())
 
 

@@ -103,12 +103,13 @@ class Process:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (nsqd writes what it holds to disk), SIGKILL after ``timeout`` seconds."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
@@ -135,14 +136,21 @@ class Lookupd(Process):
 class Nsqd(Process):
     """``durable`` (the default): every acknowledged publish reaches the disk before the OK
     (``--mem-queue-size=0 --sync-every=1``), so a kill -9 loses only what nsqd held in memory:
-    in-flight messages.  Otherwise nsqd's own defaults."""
+    in-flight messages.  Otherwise nsqd's own defaults.  ``data``: its data path (default: a
+    new temporary directory)."""
 
-    def __init__(self, *extra: str, lookupd: Lookupd | None = None, durable: bool = True) -> None:
+    def __init__(
+        self,
+        *extra: str,
+        lookupd: Lookupd | None = None,
+        durable: bool = True,
+        data: str | None = None,
+    ) -> None:
         assert NSQD
         self.extra = extra
         self.lookupd = lookupd
         self.durable = durable
-        self.data = tempfile.mkdtemp(prefix="nsqd-fault-")
+        self.data = data if data is not None else tempfile.mkdtemp(prefix="nsqd-fault-")
         super().__init__(2)
 
     def argv(self) -> list[str]:
