@@ -113,6 +113,95 @@ def test_pipelining_is_bounded_per_connection_and_what_waits_goes_as_one_mpub() 
     assert core.pending == 0
 
 
+def mpub_count(data: bytes) -> int:
+    """The number of messages of the MPUB ``data`` starts with."""
+    return int.from_bytes(data[data.index(b"\n") + 5 : data.index(b"\n") + 9], "big")
+
+
+def test_across_a_long_round_trip_waiting_publishes_go_in_shares_before_the_flush() -> None:
+    # the producer waited 50 ms for nsqd with nothing to do: the callers it then runs go in
+    # MPUBs of 16 (at least 16, and a quarter of what is in flight), each as soon as it is
+    # gathered, while the connection keeps half its room (4 of 8); the rest at the flush
+    core, ids = started(["n1:4150"], max_outstanding=8)
+    (c,) = ids.values()
+    core.publish("t", b"first", 0.0)
+    core.outputs()
+    core.receive_data(c, response(b"OK"), 0.050)
+    core.outputs()
+    now = 0.050
+    written: list[tuple[int, bytes]] = []
+    for i in range(200):
+        now += 20e-6  # each caller's turn
+        core.publish("t", b"%03d" % i, now)
+        written += [(i, o.data) for o in core.outputs() if isinstance(o, Send)]
+    assert [(i, d.split(b" ")[0]) for i, d in written] == [
+        (0, b"PUB"),  # alone, on the idle connection
+        (16, b"MPUB"),
+        (32, b"MPUB"),
+        (48, b"MPUB"),
+    ]
+    assert [mpub_count(d) for _, d in written[1:]] == [16, 16, 16]
+    assert [conn[3] for conn in core.connections()] == [4]
+    deadline = core.next_deadline()
+    assert deadline is not None and deadline <= now  # the other 151: at the flush, one MPUB
+    core.handle_timer(now)
+    (rest,) = [o.data for o in core.outputs() if isinstance(o, Send)]
+    assert mpub_count(rest) == 151
+    # call order on the wire, and each caller answered once
+    bodies = [b"%03d" % i for i in range(200)]
+    assert b"".join(d for _, d in written) + rest == (
+        cmd.pub("t", bodies[0])
+        + b"".join(cmd.mpub("t", bodies[n : n + 16]) for n in (1, 17, 33))
+        + cmd.mpub("t", bodies[49:])
+    )
+    core.receive_data(c, response(b"OK") * 5, now + 0.050)
+    ok = [o for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert len(ok) == 200 and core.pending == 0
+
+
+def test_on_loopback_waiting_publishes_go_together_at_the_flush() -> None:
+    # nsqd answered 0.1 ms after the producer's latest call: it is busy with its callers, not
+    # waiting, so what they publish meanwhile goes as one MPUB at the flush (fewer commands)
+    core, ids = started(["n1:4150"], max_outstanding=8)
+    (c,) = ids.values()
+    core.publish("t", b"first", 0.0)
+    core.outputs()
+    core.receive_data(c, response(b"OK"), 0.0001)
+    core.outputs()
+    now = 0.0001
+    written = []
+    for i in range(200):
+        now += 20e-6
+        core.publish("t", b"%03d" % i, now)
+        written += [o.data for o in core.outputs() if isinstance(o, Send)]
+    assert written == [cmd.pub("t", b"000")]
+    core.handle_timer(now)
+    (rest,) = [o.data for o in core.outputs() if isinstance(o, Send)]
+    assert rest == cmd.mpub("t", [b"%03d" % i for i in range(1, 200)])
+
+
+def test_a_long_wait_long_ago_sends_nothing_early() -> None:
+    # the wait that counts is the latest: it halves at each read after it
+    core, ids = started(["n1:4150"], max_outstanding=8)
+    (c,) = ids.values()
+    core.publish("t", b"first", 0.0)
+    core.outputs()
+    core.receive_data(c, response(b"OK"), 0.050)  # waited 50 ms
+    now = 0.050
+    for _ in range(12):  # then twelve quick exchanges: 50 ms / 2**12 = 12 us
+        now += 0.0001
+        core.publish("t", b"x", now)
+        core.outputs()
+        core.receive_data(c, response(b"OK"), now)
+    core.outputs()
+    written = []
+    for i in range(100):
+        now += 20e-6
+        core.publish("t", b"%03d" % i, now)
+        written += [o.data for o in core.outputs() if isinstance(o, Send)]
+    assert written == [cmd.pub("t", b"000")]
+
+
 def test_waiting_publishes_with_headers_go_as_one_mpub_ext_each_with_its_header() -> None:
     core, ids = started(["n1:4150"], max_outstanding=1)
     (c,) = ids.values()

@@ -301,3 +301,73 @@ def test_every_publish_gets_one_answer_and_the_stored_messages_are_the_acknowled
         if not dropped:
             assert sorted(stored_now) == sorted(acknowledged)  # exactly once without losses
     assert producer.pending == 0
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    script=st.lists(
+        st.one_of(
+            st.tuples(st.just("burst"), st.sampled_from(["t", "u"]), st.integers(1, 60)),
+            st.tuples(st.just("lull"), st.just(""), st.integers(1, 100)),
+            st.tuples(st.just("run"), st.just(""), st.just(0)),
+            st.tuples(st.just("drop"), st.just(""), st.just(0)),
+        ),
+        max_size=30,
+    ),
+    turn_us=st.integers(0, 80),
+    max_outstanding=st.integers(1, 8),
+    pool_size=st.integers(1, 2),
+)
+def test_shares_sent_early_keep_call_order_and_the_bound_on_unanswered_commands(
+    script: list[tuple[str, str, int]], turn_us: int, max_outstanding: int, pool_size: int
+) -> None:
+    """Bursts of callers (one publish each, ``turn_us`` apart), round trips of up to 100 ms
+    (after which the producer's latest wait was long, and shares go before the flush) and
+    connection losses: every publish gets one answer, no connection ever has more than
+    ``max_outstanding`` commands unanswered, and without losses each topic stores its
+    messages once (in call order over one connection: over two, each goes on the first one
+    with room, and nsqd may read either first)."""
+    net, nsqd, producer = standard(
+        max_outstanding=max_outstanding, pool_size=pool_size, max_publish_attempts=10
+    )
+    published: dict[int, tuple[str, bytes]] = {}
+    dropped = False
+
+    def bounded() -> None:
+        assert all(conn[3] <= max_outstanding for conn in producer.connections())
+
+    for n, (action, topic, size) in enumerate(script):
+        if action == "burst":
+            for i in range(size):
+                body = b"%d.%d" % (n, i)
+                published[producer.publish(topic, body, net.now)] = (topic, body)
+                net.now += turn_us / 1e6
+                bounded()
+        elif action == "lull":
+            # a round trip of ``size`` ms: what the producer sends now is answered after it
+            net.freeze(nsqd)
+            net.run_until_idle()
+            net.now += size / 1000
+            net.thaw(nsqd)
+        elif action == "run":
+            net.run_until_idle()
+        else:
+            nsqd.drop_connections(net.now)
+            dropped = True
+        bounded()
+    net.advance(30.0)
+    events = net.take_events(producer)
+    answers = [e.request_id for e in events if isinstance(e, PublishSucceeded | PublishFailed)]
+    assert sorted(answers) == sorted(published)
+    _, failed = outcome(events)
+    assert all(not isinstance(error, ServerError) for error in failed.values())
+    assert producer.pending == 0
+    if not dropped:
+        assert not failed
+        for topic in ("t", "u"):
+            in_call_order = [body for _, (t, body) in sorted(published.items()) if t == topic]
+            stored_now = queued(nsqd, topic)
+            if pool_size == 1:
+                assert stored_now == in_call_order
+            else:
+                assert sorted(stored_now) == sorted(in_call_order)
