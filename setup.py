@@ -22,7 +22,8 @@ from setuptools import setup
 MYPY_REQUIREMENT = "mypy>=1.15"
 
 #: compiled with NSQ_SANSIO_MYPYC=1: the typed core on the hot paths of the consumer and the
-#: producer (frames, messages, commands, the connection, the two cores, RDY and backoff, events,
+#: producer (frames, messages, commands, the connection, the two cores and their parts: RDY and
+#: backoff, in-flight books, ordered repeats, start positions, the consumer's lifecycle, events,
 #: outputs, states, timers).  The rest stays Python: the configuration (``_config``: its checks
 #: look at the type of each value given, e.g. ``True`` is not a count, which a compiled
 #: attribute would convert first), the lookupd HTTP/JSON parsing (fed ``bytearray`` by h11), the
@@ -37,13 +38,17 @@ MYPYC_MODULES = [
     "nsq_proto/_core.py",
     "nsq_proto/_events.py",
     "nsq_proto/_frames.py",
+    "nsq_proto/_in_flight.py",
+    "nsq_proto/_lifecycle.py",
     "nsq_proto/_message.py",
+    "nsq_proto/_ordered.py",
     "nsq_proto/_outputs.py",
     "nsq_proto/_producer.py",
     "nsq_proto/_publish_queue.py",
     "nsq_proto/_rdy.py",
     "nsq_proto/_reachability.py",
     "nsq_proto/_routes.py",
+    "nsq_proto/_start_positions.py",
     "nsq_proto/_state.py",
     "nsq_proto/_timers.py",
     "nsq_proto/commands.py",

@@ -1,11 +1,12 @@
 """The consumer core: every connection of one topic/channel subscription, without I/O.
 
 It owns discovery (a fixed nsqd list with reconnect backoff, or lookupd polling), the
-connections (one :class:`Connection` each), in-flight bookkeeping, max_attempts, ordered
-consumption on the partitioned server and the graceful stop.  RDY distribution and backoff are
-decided by its :class:`~nsq_proto._rdy.RdyPlanner` (``_rdy.py``), which it tells what happened
-and which keeps its own per-connection records and deadline; the consumer writes the RDY
-commands it decides on.
+connections (one :class:`Connection` each), max_attempts and the graceful stop, and wires its
+parts, each keeping its own books: RDY and backoff (:class:`~._rdy.RdyPlanner`, whose RDY
+decisions the consumer writes), each connection's in-flight book (:class:`~._in_flight.InFlight`)
+and, on ordered connections, its repeats (:class:`~._ordered.OrderedRepeats`), the partitions'
+start positions (:class:`~._start_positions.StartPositions`) and its own life
+(:class:`~._lifecycle.Lifecycle`).
 Like the connection it is driven by transport events, application calls and timers, each taking
 ``now``, and it speaks through one ordered output queue.
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from ._config import ConfigError, ConsumerConfig, parse_client_addresses
 from ._connection import Connection
 from ._core import ConnectionTable, ReconnectScheduler, parse_address
-from ._errors import LocalProtocolError, LookupdError, NSQError
+from ._errors import LocalProtocolError, LookupdError
 from ._events import (
     CloseWaitReceived,
     ConnectionClosed,
@@ -35,11 +36,22 @@ from ._events import (
     MessageReceived,
     Ready,
     StartFromApplied,
-    StartFromFailed,
     Stopped,
 )
 from ._features import DEFAULT_MAX_RDY_COUNT
-from ._lookupd import LookupResult, Peer
+from ._in_flight import InFlight, not_in_flight
+from ._lifecycle import (
+    NEW,
+    REQUEUEING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    after_all_closed,
+    after_start,
+    after_stop,
+    is_stopping,
+)
+from ._lookupd import LookupResult
 from ._lookupd_client import (
     HttpAnswer,
     LookupAnswered,
@@ -51,9 +63,11 @@ from ._lookupd_client import (
 from ._lookupd_schedule import PollSchedule
 from ._message import Message
 from ._names import check_channel, check_topic
+from ._ordered import OrderedRepeats, Repeat
 from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
 from ._rdy import ConnRdy, RdyPlanner
+from ._start_positions import StartDecision, StartPositions
 from ._state import CAN_ANSWER, CAN_RDY, CLOSING_STATES, ConnectionState
 from ._timers import TimerKind, Timers
 
@@ -64,10 +78,6 @@ __all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 REQUEUE_GRACE: Final = 1.0
 
 
-def _not_in_flight(msg_id: bytes, conn_id: ConnId) -> LocalProtocolError:
-    return LocalProtocolError(f"message {msg_id!r} is not in flight on connection {conn_id}")
-
-
 @dataclass(slots=True)
 class _Conn:
     conn_id: ConnId
@@ -76,30 +86,14 @@ class _Conn:
     address: tuple[str, int]
     partition: int | None
     ordered: bool
+    #: what the application holds of this connection (the book changes it)
+    in_flight: InFlight
+    #: ordered connections: the server's repeats (None on the others)
+    repeats: OrderedRepeats | None
     #: the RdyPlanner's record of this connection once it subscribed: the handle its
     #: per-message inputs take (the planner owns it; the consumer only passes it on)
     planned: ConnRdy | None = None
-    #: message id -> its newest delivery on this connection
-    in_flight: dict[bytes, Message] = field(default_factory=dict)
-    #: ids delivered again while an older delivery was still held -> deliveries unanswered
-    copies: dict[bytes, int] = field(default_factory=dict)
     ready_at: float | None = None
-    #: ordered connections: (id, attempts, finished) of the delivery answered last
-    last_answered: tuple[bytes, int, bool] | None = None
-    #: ordered connections: held ids the server sent twice; the server waits for two FINs
-    repeated: set[bytes] = field(default_factory=set)
-    #: FINs of a repeat sent: their E_FIN_FAILED answers are expected, not reported
-    repeat_fins: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _SeekCall:
-    """A start-position call to nsqd's HTTP API: on the leader ``peer`` of ``partition``,
-    ``/channel/create`` when ``create``, else ``/channel/setoffset``."""
-
-    peer: Peer
-    partition: int
-    create: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +138,7 @@ class Consumer:
         self._conns = self._table.by_id
         #: the time given with the latest call (for work done on behalf of no call: draining)
         self._now = 0.0
-        self._started = False
+        self._life = NEW
         self._reconnects = ReconnectScheduler(
             self._rng, cfg.reconnect_delay, cfg.max_reconnect_delay, cfg.reconnect_jitter
         )
@@ -155,12 +149,7 @@ class Consumer:
             timers=self._timers,
             send=self._outputs.append,
         )
-        #: the start-position calls to nsqd in flight: request id -> what each sets
-        self._seek_calls: dict[int, _SeekCall] = {}
-        if cfg.start_from is not None and not lookupd:
-            # the position is set over the HTTP API of each partition's leader, which lookupd
-            # names (its TCP SUB_ADVANCED form applies it to the wrong partition)
-            raise ConfigError("start_from needs lookupd_http_addresses")
+        self._starts = StartPositions(self.topic, self.channel, cfg, self._lookupd)
         if cfg.ordered and self._nsqd and not lookupd and not cfg.partitions:
             # SUB_ORDERED names a partition: without lookupd to learn them, say which
             raise ConfigError(
@@ -189,14 +178,8 @@ class Consumer:
             rdy_redistribute_interval=cfg.rdy_redistribute_interval,
         )
         self._ordered_required = cfg.ordered
-        #: partition -> its start_from position is applied ("done") or being applied
-        self._seeks: dict[int, str] = {}
         #: the latest lookup said the topic is extended
         self._extend_support = False
-        self._stopping = False
-        self._stopped = False
-        #: the application can answer nothing more: what still arrives is requeued at once
-        self._requeue_arrivals = False
         self.messages_received = 0
         self.messages_finished = 0
         self.messages_requeued = 0
@@ -307,19 +290,25 @@ class Consumer:
         elif isinstance(answer, LookupdFailed):
             self._outputs.append(LookupFailed(answer.address, answer.error))
         elif isinstance(answer, NsqdAnswered):
-            seek = self._seek_calls.pop(answer.request_id)
-            self._on_seek_answer(seek, answer.status, answer.body, now)
+            self._on_start_position(self._starts.answered(answer, now), now)
         else:
-            self._on_seek_failed(self._seek_calls.pop(answer.request_id), answer.error)
+            self._on_start_position(self._starts.failed(answer), now)
+
+    def _on_start_position(self, decision: StartDecision, now: float) -> None:
+        if decision is None:
+            return
+        self._outputs.append(decision)
+        if isinstance(decision, StartFromApplied):
+            # the position is set: consume from the partition now
+            extend = self._extend_support
+            self._connect(decision.address, decision.partition, now, extend_support=extend)
 
     # ------------------------------------------------------------------ start and discovery
 
     def start(self, now: float) -> None:
         """Connect to the fixed nsqd list and/or send the first lookupd poll."""
         self._now = now
-        if self._started:
-            raise LocalProtocolError("the consumer is already started")
-        self._started = True
+        self._life = after_start(self._life)
         for address in self._nsqd:
             # partitioned server without lookupd: one connection per configured partition
             for partition in self.config.partitions or (None,):
@@ -329,7 +318,7 @@ class Consumer:
         self._rdy.start(now)
 
     def _poll(self, now: float) -> None:
-        if self._stopping:
+        if is_stopping(self._life):
             return
         self._query_lookupd(now)
         self._polls.polled(now)
@@ -345,7 +334,7 @@ class Consumer:
 
     def _apply_lookup(self, address: tuple[str, int], result: LookupResult, now: float) -> None:
         keys: list[str] = []
-        if self._stopping:
+        if is_stopping(self._life):
             return
         meta = result.meta
         if meta is not None and meta.ordered:
@@ -358,8 +347,8 @@ class Consumer:
             if wanted is not None and pid not in wanted:
                 continue
             keys.append(f"{peer.key}-{pid}")
-            if self._seeks.get(pid) != "done" and self.config.start_position(pid) is not None:
-                self._seek(peer, pid)  # connects once the position is set
+            if self._starts.pending(pid):
+                self._starts.seek(peer, pid, now)  # connects once the position is set
                 continue
             self._connect(peer.address, pid, now, extend_support=bool(meta and meta.extend_support))
         for peer in result.producers:
@@ -372,61 +361,6 @@ class Consumer:
         self._polls.lookup_answered(bool(keys or self._by_key), now)
         self._outputs.append(LookupSucceeded(address, tuple(keys), result.topic_found))
 
-    # ------------------------------------------------------------------ start positions
-
-    def _seek(self, peer: Peer, partition: int, *, create: bool = False) -> None:
-        """``POST /channel/setoffset`` (after ``/channel/create`` when ``create``) on the
-        partition's leader; one call per partition at a time."""
-        if self._seeks.get(partition) == "busy" and not create:
-            return
-        position = self.config.start_position(partition)
-        assert position is not None
-        self._seeks[partition] = "busy"
-        address = (peer.address[0], peer.http_port)
-        query: dict[str, str | int] = {
-            "topic": self.topic,
-            "partition": partition,
-            "channel": self.channel,
-        }
-        if create:
-            rid = self._lookupd.post(address, "/channel/create", query, b"", self._now)
-        else:
-            rid = self._lookupd.post(
-                address, "/channel/setoffset", query, position.token(), self._now
-            )
-        self._seek_calls[rid] = _SeekCall(peer, partition, create)
-
-    def _on_seek_answer(self, seek: _SeekCall, status: int, body: bytes, now: float) -> None:
-        peer, partition, created = seek.peer, seek.partition, seek.create
-        if status == 200:
-            if created:
-                del self._seeks[partition]
-                self._seek(peer, partition)  # the channel exists now: set its position
-                return
-            self._seeks[partition] = "done"
-            self._outputs.append(StartFromApplied(peer.address, partition))
-            extend = self._extend_support
-            self._connect(peer.address, partition, now, extend_support=extend)
-            return
-        text = body.decode("utf-8", "replace").strip()
-        if status == 404 and "CHANNEL_NOT_FOUND" in text and not created:
-            self._seek(peer, partition, create=True)
-            return
-        what = "/channel/create" if created else "/channel/setoffset"
-        detail = f": {text}" if text else ""
-        self._on_seek_failed(
-            seek,
-            LookupdError(
-                f"start_from for partition {partition}: {what} answered HTTP {status}{detail}"
-            ),
-        )
-
-    def _on_seek_failed(self, seek: _SeekCall, error: NSQError) -> None:
-        # not consumed from until the position is set: the next lookup tries again
-        peer, partition = seek.peer, seek.partition
-        self._seeks.pop(partition, None)
-        self._outputs.append(StartFromFailed(peer.address, partition, error))
-
     # ------------------------------------------------------------------ connections
 
     def _connect(
@@ -437,7 +371,7 @@ class Consumer:
         *,
         extend_support: bool = False,
     ) -> None:
-        if self._stopping:
+        if is_stopping(self._life):
             return
         key = f"{address[0]}:{address[1]}" + ("" if partition is None else f"-{partition}")
         if key in self._by_key:
@@ -448,7 +382,8 @@ class Consumer:
         )
         ordered = self._ordered_required and partition is not None
         conn = Connection(config, conn_id, address=address)
-        rec = _Conn(conn_id, conn, key, address, partition, ordered)
+        repeats = OrderedRepeats() if ordered else None
+        rec = _Conn(conn_id, conn, key, address, partition, ordered, InFlight(conn_id), repeats)
         self._table.add(conn_id, rec)
         self._by_key[key] = conn_id
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
@@ -466,9 +401,9 @@ class Consumer:
                 rdy.connection_closing(rec.conn_id)
             self._drain_items(rec, conn, items, out, rdy, max_attempts, now)
             if (
-                self._requeue_arrivals
+                self._life is REQUEUEING
                 and conn.state is ConnectionState.CLOSE_WAIT
-                and not rec.in_flight
+                and not rec.in_flight.held
             ):
                 # nsqd may write a message it took before our CLS right after its CLOSE_WAIT:
                 # closed once what this read carried is requeued
@@ -485,11 +420,14 @@ class Consumer:
         now: float,
     ) -> None:
         planned = rec.planned  # the planner's record (set: messages come only after SUB)
+        in_flight = rec.in_flight.held
+        # (no item of one read moves the consumer into REQUEUEING: that is the application's)
+        requeueing = self._life is REQUEUEING
         for item in items:
             if type(item) is MessageReceived:
                 message = item.message
                 self.messages_received += 1
-                if self._requeue_arrivals:
+                if requeueing:
                     # sent by nsqd before it read our CLS: back at once, or nsqd would hold
                     # it for this connection until msg_timeout
                     if conn.state in CAN_ANSWER:
@@ -506,19 +444,21 @@ class Consumer:
                     if finish:
                         conn.finish(message.id)
                     else:
-                        rec.in_flight[message.id] = message
+                        rec.in_flight.hold(message)
                     out.append(MessageGivenUp(rec.conn_id, message, finish))
                     continue
-                held = rec.in_flight.get(message.id)
-                if rec.ordered and self._repeat(rec, held, message):
+                held = in_flight.get(message.id)
+                repeats = rec.repeats
+                if repeats is not None and self._repeat(rec, repeats, held, message):
                     if planned is not None:
                         rdy.message_received(planned, now, False)
                     continue
-                if held is not None:
+                if held is None:
+                    in_flight[message.id] = message  # the book's deliver, inline (per message)
+                else:
                     # delivered again while a copy is held (msg_timeout passed, or the
                     # partitioned server repeated an ordered message): the newest counts
-                    rec.copies[message.id] = rec.copies.get(message.id, 1) + 1
-                rec.in_flight[message.id] = message
+                    rec.in_flight.deliver(message)
                 out.append(item)
                 if planned is not None:
                     rdy.message_received(planned, now, True)
@@ -530,50 +470,38 @@ class Consumer:
                 out.append(item)
                 self._on_closed(rec, item, now)
             elif isinstance(item, ErrorReceived):
-                if item.code == "E_FIN_FAILED" and rec.repeat_fins:
-                    rec.repeat_fins -= 1  # the answer to the FIN of a repeat, as expected
-                    continue
+                if (
+                    item.code == "E_FIN_FAILED"
+                    and rec.repeats is not None
+                    and rec.repeats.fin_failed()
+                ):
+                    continue  # the answer to the FIN of a repeat, as expected
                 out.append(item)
                 self._on_error(rec, item, now)
             elif isinstance(item, CloseWaitReceived):
                 out.append(item)
-                if self._stopping and not rec.in_flight and not self._requeue_arrivals:
+                if self._life is STOPPING and not rec.in_flight.held:
                     conn.close("consumer stopped")
             else:
                 out.append(item)
 
-    def _repeat(self, rec: _Conn, held: Message | None, message: Message) -> bool:
-        """The partitioned server sends the head of a backlog twice (same id, same attempts)
-        on the first SUB_ORDERED of a channel, and moves on only once both copies are
-        FINished.  The application sees one copy; the other is FINished after it."""
-        if held is not None and held.attempts == message.attempts:
-            rec.repeated.add(message.id)  # FINished when the application FINishes the first
-        elif rec.last_answered == (message.id, message.attempts, True):
-            rec.conn.finish(message.id)
-            rec.repeat_fins += 1
-        elif rec.last_answered is not None and rec.last_answered[:2] == (
-            message.id,
-            message.attempts,
-        ):
-            pass  # the first copy was requeued: the server delivers it again anyway
-        else:
+    def _repeat(
+        self, rec: _Conn, repeats: OrderedRepeats, held: Message | None, message: Message
+    ) -> bool:
+        """Whether a delivery on an ordered connection is the server's repeat (not passed on);
+        the FIN its part decides on is sent."""
+        repeat = repeats.delivered(held, message)
+        if repeat is Repeat.NONE:
             return False
+        if repeat is Repeat.FIN:
+            rec.conn.finish(message.id)
         self.repeats_dropped += 1
         return True
-
-    def _finish_repeat(self, rec: _Conn, msg_id: bytes) -> None:
-        last = rec.last_answered
-        if last is not None and last[0] == msg_id:
-            rec.last_answered = (msg_id, last[1], True)
-        if msg_id in rec.repeated:
-            rec.repeated.discard(msg_id)
-            rec.conn.finish(msg_id)
-            rec.repeat_fins += 1
 
     def _on_ready(self, rec: _Conn, now: float) -> None:
         rec.ready_at = now
         self._reconnects.connected((rec.address, rec.partition))
-        if self._stopping:
+        if is_stopping(self._life):
             rec.conn.close("consumer stopping")
             return
         rec.conn.subscribe(self.topic, self.channel, rec.partition, ordered=rec.ordered)
@@ -601,9 +529,8 @@ class Consumer:
         # its RDY goes to the others (nothing is sent once stopping)
         self._rdy.connection_closed(rec.conn_id, now)
         # messages still held by the application come back from nsqd after msg_timeout
-        rec.in_flight.clear()
-        rec.copies.clear()
-        if self._stopping:
+        rec.in_flight.drop_all()
+        if is_stopping(self._life):
             self._check_stopped(now)
             return
         if self._lookupd.addresses and rec.address not in self._nsqd:
@@ -645,23 +572,15 @@ class Consumer:
     def _take(
         self, conn_id: ConnId, msg_id: bytes, attempts: int | None
     ) -> tuple[_Conn, Message, bool] | None:
-        """Take one delivery of ``msg_id`` off the connection's books: the connection, the
+        """Take one delivery of ``msg_id`` off the connection's book: the connection, the
         newest delivery, and whether the answer comes from an older (stale) copy."""
         rec = self._conns.get(conn_id)
         if rec is None:
             return None  # the connection is gone: nsqd will deliver the message again
-        message = rec.in_flight.pop(msg_id, None)
-        if message is None:
-            raise _not_in_flight(msg_id, conn_id)
-        if rec.ordered:
-            rec.last_answered = (msg_id, message.attempts, False)
-        if rec.copies:
-            left = rec.copies.pop(msg_id, 0) - 1
-            if left > 0:
-                rec.in_flight[msg_id] = message  # another delivery is still unanswered
-                if left > 1:
-                    rec.copies[msg_id] = left
-        return rec, message, attempts is not None and attempts < message.attempts
+        message, stale = rec.in_flight.take(msg_id, attempts)
+        if rec.repeats is not None:
+            rec.repeats.answered(msg_id, message.attempts)
+        return rec, message, stale
 
     def finish(
         self, conn_id: ConnId, msg_id: bytes, now: float, *, attempts: int | None = None
@@ -674,11 +593,12 @@ class Consumer:
         had nothing to finish), as go-nsq does."""
         self._now = now
         rec = self._conns.get(conn_id)
-        if rec is not None and not rec.ordered and not rec.copies:
-            # the common case, inline: one delivery held, no ordered books to keep
-            message = rec.in_flight.pop(msg_id, None)
+        if rec is not None and not rec.ordered and not rec.in_flight.copies:
+            # the common case: one delivery held, no ordered books to keep (the book's take,
+            # inline: this runs per message)
+            message = rec.in_flight.held.pop(msg_id, None)
             if message is None:
-                raise _not_in_flight(msg_id, conn_id)
+                raise not_in_flight(msg_id, conn_id)
             self.messages_finished += 1
             rec.conn._finish_delivered(msg_id)
             if attempts is None or attempts >= message.attempts:
@@ -691,8 +611,8 @@ class Consumer:
         rec, _, stale = taken
         self.messages_finished += 1
         rec.conn._finish_delivered(msg_id)
-        if rec.ordered:
-            self._finish_repeat(rec, msg_id)
+        if rec.repeats is not None and rec.repeats.finished(msg_id):
+            rec.conn.finish(msg_id)  # the server's repeat of it, which it waits for too
         if not stale:
             self._rdy.success(now)
         self._after_answer(rec, now)
@@ -713,16 +633,17 @@ class Consumer:
             rec = conns.get(conn_id)
             if rec is None:
                 continue
-            if rec.ordered or rec.copies:
+            book = rec.in_flight
+            if rec.ordered or book.copies:
                 # the books of ordered connections and of repeated deliveries: one by one
                 try:
                     sent += self.finish(conn_id, msg_id, now, attempts=attempts)
                 except LocalProtocolError as exc:
                     error = error or exc
                 continue
-            message = rec.in_flight.pop(msg_id, None)
+            message = book.held.pop(msg_id, None)  # the book's take, inline
             if message is None:
-                error = error or _not_in_flight(msg_id, conn_id)
+                error = error or not_in_flight(msg_id, conn_id)
                 continue
             entry = bulk.get(conn_id)
             if entry is None:
@@ -791,10 +712,7 @@ class Consumer:
         rec = self._conns.get(conn_id)
         if rec is None:
             return False
-        message = rec.in_flight.get(msg_id)
-        if message is None:
-            raise _not_in_flight(msg_id, conn_id)
-        if attempts is None or attempts >= message.attempts:
+        if rec.in_flight.newest(msg_id, attempts):
             rec.conn.touch(msg_id)
         return True
 
@@ -812,12 +730,12 @@ class Consumer:
             rec = conns.get(conn_id)
             if rec is None:
                 continue
-            message = rec.in_flight.get(msg_id)
-            if message is None:
-                error = error or _not_in_flight(msg_id, conn_id)
+            try:
+                if not rec.in_flight.newest(msg_id, attempts):
+                    continue  # an older copy: the newer delivery is the application's
+            except LocalProtocolError as exc:
+                error = error or exc
                 continue
-            if attempts is not None and attempts < message.attempts:
-                continue  # an older copy: the newer delivery is the application's
             entry = bulk.get(conn_id)
             if entry is None:
                 entry = bulk[conn_id] = (rec, [])
@@ -830,23 +748,23 @@ class Consumer:
         return sent
 
     def _after_answer(self, rec: _Conn, now: float) -> None:
-        if self._stopping:
-            if rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight:
-                rec.conn.close("consumer stopped")
-                self._drain(rec, now)
-        elif rec.planned is not None:
-            self._rdy.answered(rec.planned, now)
+        if self._life is RUNNING:
+            if rec.planned is not None:
+                self._rdy.answered(rec.planned, now)
+        elif rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight.held:
+            rec.conn.close("consumer stopped")
+            self._drain(rec, now)
         # the commands wait in the connection's buffer: the next outputs() call sends every
         # answer given since in one write
 
     def in_flight(self, conn_id: ConnId) -> Sequence[Message]:
         rec = self._conns.get(conn_id)
-        return tuple(rec.in_flight.values()) if rec is not None else ()
+        return rec.in_flight.messages() if rec is not None else ()
 
     def in_flight_count(self, conn_id: ConnId) -> int:
         """How many messages of the connection the application holds (0 once it is gone)."""
         rec = self._conns.get(conn_id)
-        return len(rec.in_flight) if rec is not None else 0
+        return len(rec.in_flight.held) if rec is not None else 0
 
     # ------------------------------------------------------------------ stopping
 
@@ -858,11 +776,11 @@ class Consumer:
         still arrives; each connection closes once nsqd confirmed the CLS (CLOSE_WAIT: it sends
         nothing more), at the latest after :data:`REQUEUE_GRACE` seconds."""
         self._now = now
-        if self._stopping:
+        if is_stopping(self._life):
             if requeue_unanswered:
                 self._requeue_unanswered(now)
             return
-        self._stopping = True
+        self._life = after_stop(self._life, False)
         self._polls.stop()
         self._timers.cancel_kind(TimerKind.RECONNECT)
         self._rdy.stop()
@@ -883,7 +801,7 @@ class Consumer:
     def _requeue_unanswered(self, now: float) -> None:
         """REQ every unanswered message now and every one still arriving; a connection
         closes on CLOSE_WAIT (or at once when it is not waiting for one)."""
-        self._requeue_arrivals = True
+        self._life = after_stop(self._life, True)
         key = (TimerKind.STOP_TIMEOUT, None)
         deadline = now + min(self.config.stop_timeout, REQUEUE_GRACE)
         current = self._timers.deadline(key)
@@ -906,33 +824,31 @@ class Consumer:
     def _requeue_held(self, rec: _Conn) -> None:
         """REQ (at once) every message the application holds from ``rec``."""
         conn = rec.conn
-        rec.copies.clear()
-        can_answer = conn.state in CAN_ANSWER
-        for msg_id in list(rec.in_flight):
-            del rec.in_flight[msg_id]
-            if can_answer:
+        ids = rec.in_flight.drop_all()
+        if conn.state in CAN_ANSWER:
+            for msg_id in ids:
                 conn.requeue(msg_id, 0.0)
-                self.messages_requeued += 1
+            self.messages_requeued += len(ids)
 
     def _check_stopped(self, now: float) -> None:
-        if not self._stopping or self._stopped:
+        if self._life is not STOPPING and self._life is not REQUEUEING:
             return
         for rec in list(self._conns.values()):
-            if rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight:
+            if rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight.held:
                 rec.conn.close("consumer stopped")
                 self._drain(rec, now)
         if not self._conns:
-            self._stopped = True
+            self._life = after_all_closed(self._life)
             self._timers.cancel_kind(TimerKind.STOP_TIMEOUT)
             self._outputs.append(Stopped())
 
     @property
     def stopping(self) -> bool:
-        return self._stopping
+        return is_stopping(self._life)
 
     @property
     def stopped(self) -> bool:
-        return self._stopped
+        return self._life is STOPPED
 
     # ------------------------------------------------------------------ introspection
 
@@ -941,7 +857,7 @@ class Consumer:
         last RDY, so the application should process the batch it holds."""
         rdy = self._rdy
         for rec in self._conns.values():
-            n = len(rec.in_flight)
+            n = len(rec.in_flight.held)
             if n > 0 and n >= rdy.rdy(rec.conn_id) * 0.85:
                 return True
         return False
@@ -955,7 +871,7 @@ class Consumer:
             rec.key,
             rec.conn.state.value,
             self._rdy.rdy(rec.conn_id),
-            len(rec.in_flight),
+            len(rec.in_flight.held),
             self._rdy.last_message_at(rec.conn_id),
             rec.address,
             rec.partition,
