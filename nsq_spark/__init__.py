@@ -30,17 +30,20 @@ at-least-once.  The options, the guarantees and how to run it are in ``docs/spar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from ._datasource import SCHEMA, BatchReadNotSupported, NSQDataSource
-from ._executor_source import NSQExecutorStreamReader, NSQStagedPartition
-from ._options import OptionError
-from ._sink import NSQCommitMessage, NSQStreamWriter, NSQWriter
-from ._source import ConnectTimeout, NSQInputPartition, NSQStreamReader
-from ._staging import StagingNotShared
+from ._option_parsers import OptionError
+from ._planning import ConnectTimeout
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported on first use (below): pyspark and pyarrow come with them
     from pyspark.sql import SparkSession
+
+    from ._datasource import SCHEMA, BatchReadNotSupported, NSQDataSource
+    from ._executor_source import NSQExecutorStreamReader, NSQStagedPartition
+    from ._sink import NSQCommitMessage, NSQStreamWriter, NSQWriter
+    from ._source import NSQInputPartition, NSQStreamReader
+    from ._staging import StagingNotShared
 
 __all__ = [
     "SCHEMA",
@@ -59,7 +62,38 @@ __all__ = [
     "register",
 ]
 
+#: where each name that needs pyspark (or pyarrow) lives: imported when it is first used, so
+#: that the modules without them (``_planning``, the options) import alone
+_LAZY = {
+    "SCHEMA": "_datasource",
+    "BatchReadNotSupported": "_datasource",
+    "NSQDataSource": "_datasource",
+    "NSQExecutorStreamReader": "_executor_source",
+    "NSQStagedPartition": "_executor_source",
+    "NSQCommitMessage": "_sink",
+    "NSQStreamWriter": "_sink",
+    "NSQWriter": "_sink",
+    "NSQInputPartition": "_source",
+    "NSQStreamReader": "_source",
+    "StagingNotShared": "_staging",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 def register(spark: SparkSession) -> None:
     """``spark.dataSource.register(NSQDataSource)``: makes ``format("nsq")`` available."""
+    from ._datasource import NSQDataSource
+
     spark.dataSource.register(NSQDataSource)

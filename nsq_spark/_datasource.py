@@ -27,8 +27,9 @@ from pyspark.sql.types import (
 
 from ._executor_source import NSQExecutorStreamReader
 from ._options import parse_sink_options, parse_source_options
+from ._reader import RefusingStreamReader
 from ._sink import NSQStreamWriter, NSQWriter, check_sink_schema
-from ._source import NSQStreamReader, RefusingStreamReader
+from ._source import NSQStreamReader
 
 __all__ = [
     "BATCH_READ_ERROR",

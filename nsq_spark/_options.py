@@ -2,9 +2,10 @@
 the driver, and turned into keyword arguments of ``nsq_anyio.Consumer`` / ``nsq_anyio.Producer``.
 
 Each option is written once, in the tables below (``CONNECTION_OPTIONS``, ``SOURCE_OPTIONS``,
-``SINK_OPTIONS``): its name, how its text is read, its default (per read mode where they
-differ), the read modes it applies to and a line of documentation. The parsing, the defaults,
-the unknown-option suggestions and the read-mode check all come from them, and
+``SINK_OPTIONS``): its name, how its text is read (a parser of ``_option_parsers``), its
+default (per read mode where they differ), the read modes it applies to and a line of
+documentation. The parsing, the defaults, the unknown-option suggestions and the read-mode
+check all come from them, and
 ``docs/spark.md``'s option tables are checked against them.
 
 Option names are case-insensitive and underscores are optional: ``max_in_flight``,
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import difflib
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsq_proto import ConfigError, StartFrom, parse_addresses
-from nsq_proto.wire import is_valid_channel_name, is_valid_topic_name
+from nsq_proto import StartFrom
+
+from . import _option_parsers as parse
+from ._option_parsers import OptionError, Parser, option_key
 
 __all__ = [
     "OptionError",
@@ -37,148 +40,6 @@ __all__ = [
     "parse_source_options",
     "parse_sink_options",
 ]
-
-
-class OptionError(ValueError):
-    """An option of the ``nsq`` data source is missing or malformed."""
-
-
-# tracebacks name it where users import it from
-OptionError.__module__ = "nsq_spark"
-
-
-def _key(name: str) -> str:
-    return name.replace("_", "").replace("-", "").lower()
-
-
-# -- how an option's text is read: (the option's name, its text, stripped and not empty) -> value
-
-Parser = Callable[[str, str], Any]
-
-
-def _text(name: str, value: str) -> str:
-    return value
-
-
-def _integer(minimum: int, maximum: int | None = None) -> Parser:
-    def parse(name: str, value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise OptionError(f"option {name!r} must be an integer, not {value!r}") from None
-        if number < minimum:
-            raise OptionError(f"option {name!r} must be at least {minimum}, not {number}")
-        if maximum is not None and number > maximum:
-            raise OptionError(f"option {name!r} is {minimum}..{maximum}")
-        return number
-
-    return parse
-
-
-def _seconds(minimum: float) -> Parser:
-    def parse(name: str, value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            raise OptionError(
-                f"option {name!r} must be a number of seconds, not {value!r}"
-            ) from None
-        if not number >= minimum or number == float("inf"):
-            raise OptionError(f"option {name!r} must be at least {minimum} s, not {value!r}")
-        return number
-
-    return parse
-
-
-def _boolean(name: str, value: str) -> bool:
-    lowered = value.lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise OptionError(f"option {name!r} must be true or false, not {value!r}")
-
-
-def _choice(*choices: str, none: str | None = None) -> Parser:
-    """One of ``choices`` (any case); ``none``: the choice that stands for no value."""
-
-    def parse(name: str, value: str) -> str | None:
-        lowered = value.lower()
-        if lowered not in choices:
-            listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
-            raise OptionError(f"option {name!r} is {listed}, not {lowered!r}")
-        return None if lowered == none else lowered
-
-    return parse
-
-
-def _addresses(*, lookupd: bool = False, http_scheme: bool = False) -> Parser:
-    """Comma-separated ``host:port`` (the clients' own check); ``lookupd``: nsqlookupd's, which
-    may also be ``http://host:port``; ``http_scheme``: the source's own requests, ``http://``
-    or ``https://`` allowed."""
-
-    def parse(name: str, value: str) -> tuple[str, ...]:
-        out = tuple(a.strip() for a in value.split(",") if a.strip())
-        checked = out
-        if http_scheme:
-            checked = tuple(a.removeprefix("https://").removeprefix("http://") for a in out)
-        try:
-            parse_addresses(name, checked, http=lookupd)
-        except ConfigError as exc:
-            raise OptionError(f"option {name!r}{str(exc).removeprefix(name)}") from None
-        return out
-
-    return parse
-
-
-def _topic(name: str, value: str) -> str:
-    if not is_valid_topic_name(value):
-        raise OptionError(
-            f"option {name!r}: {value!r} is not a topic name (1 to 64 of a-z A-Z 0-9 . _ -,"
-            " optionally ending in #ephemeral)"
-        )
-    return value
-
-
-def _channel(name: str, value: str) -> str:
-    if not is_valid_channel_name(value):
-        raise OptionError(
-            f"option {name!r}: {value!r} is not a channel name (1 to 64 of a-z A-Z 0-9 . _"
-            " -, optionally ending in #ephemeral)"
-        )
-    return value
-
-
-def _partitions(name: str, value: str) -> tuple[int, ...]:
-    try:
-        partitions = tuple(int(p) for p in value.split(",") if p.strip())
-    except ValueError:
-        raise OptionError(
-            f"option {name!r} is a comma-separated list of integers, not {value!r}"
-        ) from None
-    if any(p < 0 for p in partitions):
-        raise OptionError(f"option {name!r} takes non-negative partition numbers")
-    return partitions
-
-
-def _start_from(name: str, value: str) -> StartFrom | dict[int, StartFrom]:
-    """``end``, ``timestamp:<unix s>``, ``virtual_queue:<offset>``, ``msgcount:<n>``, or per
-    partition ``0=end,1=msgcount:5``."""
-    try:
-        if "=" not in value:
-            return StartFrom.parse(value)
-        positions: dict[int, StartFrom] = {}
-        for item in value.split(","):
-            partition, sep, position = item.partition("=")
-            if not sep or not partition.strip().isdigit():
-                raise ConfigError(f"{item.strip()!r} is not <partition>=<position>")
-            positions[int(partition)] = StartFrom.parse(position)
-        return positions
-    except ConfigError as exc:
-        raise OptionError(
-            f"option {name!r} takes end, timestamp:<unix seconds>, virtual_queue:<offset>, "
-            f"msgcount:<n>, or <partition>=<position>,...: {exc}"
-        ) from None
 
 
 # -- the tables --------------------------------------------------------------------------------
@@ -227,7 +88,7 @@ class Option:
     key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", _key(self.name))
+        object.__setattr__(self, "key", option_key(self.name))
 
     def default_in(self, mode: str) -> Any:
         return getattr(self.default, mode) if isinstance(self.default, PerMode) else self.default
@@ -238,62 +99,64 @@ class Option:
 CONNECTION_OPTIONS: tuple[Option, ...] = (
     Option(
         "nsqd_tcp_addresses",
-        _addresses(),
+        parse.addresses(),
         (),
         "comma-separated host:port of nsqd, no scheme",
     ),
     Option(
         "lookupd_http_addresses",
-        _addresses(lookupd=True),
+        parse.addresses(lookupd=True),
         (),
         "comma-separated host:port of nsqlookupd, no scheme",
     ),
-    Option("tls", _boolean, False, "TLS, verifying the server with the system's CAs"),
-    Option("tls_ca_file", _text, None, "CA bundle to verify nsqd with (turns TLS on)"),
-    Option("tls_cert_file", _text, None, "client certificate (turns TLS on)"),
-    Option("tls_key_file", _text, None, "the client certificate's key"),
+    Option("tls", parse.boolean, False, "TLS, verifying the server with the system's CAs"),
+    Option("tls_ca_file", parse.text, None, "CA bundle to verify nsqd with (turns TLS on)"),
+    Option("tls_cert_file", parse.text, None, "client certificate (turns TLS on)"),
+    Option("tls_key_file", parse.text, None, "the client certificate's key"),
     Option(
         "tls_hostname",
-        _text,
+        parse.text,
         None,
         "the name to verify",
         default_means="the address's host",
     ),
-    Option("tls_verify", _boolean, True, "false skips certificate verification"),
+    Option("tls_verify", parse.boolean, True, "false skips certificate verification"),
     Option(
         "compression",
-        _choice("snappy", "deflate", "none", none="none"),
+        parse.choice("snappy", "deflate", "none", none="none"),
         None,
         "snappy or deflate",
         default_means="none",
     ),
-    Option("deflate_level", _integer(1, 9), 6, "deflate's level, 1..9"),
-    Option("auth_secret", _text, None, "AUTH secret"),
-    Option("client_id", _text, None, "IDENTIFY's client_id"),
-    Option("heartbeat_interval", _seconds(1.0), None, "IDENTIFY's heartbeat interval, seconds"),
-    Option("dial_timeout", _seconds(0.001), None, "seconds to open a connection"),
+    Option("deflate_level", parse.integer(1, 9), 6, "deflate's level, 1..9"),
+    Option("auth_secret", parse.text, None, "AUTH secret"),
+    Option("client_id", parse.text, None, "IDENTIFY's client_id"),
+    Option(
+        "heartbeat_interval", parse.seconds(1.0), None, "IDENTIFY's heartbeat interval, seconds"
+    ),
+    Option("dial_timeout", parse.seconds(0.001), None, "seconds to open a connection"),
 )
 
 #: the source's own options
 SOURCE_OPTIONS: tuple[Option, ...] = (
-    Option("topic", _topic, None, "the topic to read", required=True),
-    Option("channel", _channel, None, "the channel to read", required=True),
+    Option("topic", parse.topic, None, "the topic to read", required=True),
+    Option("channel", parse.channel, None, "the channel to read", required=True),
     Option(
         "read_mode",
-        _choice(*READ_MODES),
+        parse.choice(*READ_MODES),
         "executors",
         "executors: tasks consume on the executors; driver: one reader on the driver",
     ),
     Option(
         "nsqd_http_addresses",
-        _addresses(http_scheme=True),
+        parse.addresses(http_scheme=True),
         (),
         "nsqd's HTTP host:port, one for each of nsqd_tcp_addresses, in the same order",
         _EXECUTORS,
     ),
     Option(
         "staging_location",
-        _text,
+        parse.text,
         None,
         "where tasks stage the rows of a batch (a path or a pyarrow.fs URI)",
         _EXECUTORS,
@@ -301,111 +164,111 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "max_bytes_per_trigger",
-        _integer(1),
+        parse.integer(1),
         PerMode(executors=256 * 1024 * 1024, driver=Half("max_bytes_in_flight")),
         "the largest micro-batch in bytes of message bodies",
     ),
     Option(
         "max_bytes_per_partition",
-        _integer(1),
+        parse.integer(1),
         32 * 1024 * 1024,
         "the most bytes of message bodies one task consumes",
         _EXECUTORS,
     ),
     Option(
         "max_messages_per_partition",
-        _integer(1),
+        parse.integer(1),
         100_000,
         "the most messages one task consumes",
         _EXECUTORS,
     ),
     Option(
         "redelivery_window",
-        _seconds(0.0),
+        parse.seconds(0.0),
         86_400.0,
         "seconds the ids of rows whose FIN nsqd did not confirm are kept",
         _EXECUTORS,
     ),
     Option(
         "task_idle_timeout",
-        _seconds(0.001),
+        parse.seconds(0.001),
         1.0,
         "seconds a task waits for its next message before it ends with fewer",
         _EXECUTORS,
     ),
     Option(
         "max_in_flight",
-        _integer(1),
+        parse.integer(1),
         100_000,
         "the most messages the reader holds",
         _DRIVER,
     ),
     Option(
         "max_bytes_in_flight",
-        _integer(1),
+        parse.integer(1),
         128 * 1024 * 1024,
         "about the most bytes of message bodies the reader holds",
         _DRIVER,
     ),
     Option(
         "max_messages_per_trigger",
-        _integer(1),
+        parse.integer(1),
         PerMode(executors=1_000_000, driver=Half("max_in_flight")),
         "the largest micro-batch in messages",
     ),
     Option(
         "max_connections_per_nsqd",
-        _integer(1),
+        parse.integer(1),
         64,
         "connections to one nsqd when one cannot hold what is asked",
     ),
-    Option("num_partitions", _integer(1), 1, "Spark partitions per micro-batch"),
-    Option("msg_timeout", _seconds(1.0), 60.0, "seconds; asked of nsqd in IDENTIFY"),
+    Option("num_partitions", parse.integer(1), 1, "Spark partitions per micro-batch"),
+    Option("msg_timeout", parse.seconds(1.0), 60.0, "seconds; asked of nsqd in IDENTIFY"),
     Option(
         "max_msg_timeout",
-        _seconds(1.0),
+        parse.seconds(1.0),
         900.0,
         "nsqd's --max-msg-timeout: no TOUCH past it",
         _DRIVER,
     ),
     Option(
         "max_attempts",
-        _integer(0),
+        parse.integer(0),
         0,
         "give a message up after this many deliveries; 0: never",
     ),
     Option(
         "available_now_idle_timeout",
-        _seconds(0.0),
+        parse.seconds(0.0),
         2.0,
         "seconds without a new message that end an availableNow run",
         _DRIVER,
     ),
-    Option("ordered", _boolean, False, "partitioned NSQ: SUB_ORDERED", _DRIVER),
+    Option("ordered", parse.boolean, False, "partitioned NSQ: SUB_ORDERED", _DRIVER),
     Option(
         "partitions",
-        _partitions,
+        parse.partitions,
         None,
         "partitioned NSQ: the partitions to consume",
         default_means="all",
     ),
     Option(
         "start_from",
-        _start_from,
+        parse.start_from,
         None,
         "partitioned NSQ: where a new query starts",
         _DRIVER,
     ),
     Option(
         "reconnect_delay",
-        _seconds(0.0),
+        parse.seconds(0.0),
         None,
         "seconds before reconnecting to a lost nsqd",
         default_means="8",
     ),
     Option(
         "connect_timeout",
-        _seconds(0.001),
+        parse.seconds(0.001),
         30.0,
         "seconds after the start by which the source must be subscribed",
     ),
@@ -413,13 +276,13 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
 
 #: the sink's own options
 SINK_OPTIONS: tuple[Option, ...] = (
-    Option("topic", _topic, None, "the topic of rows without a topic column"),
-    Option("batch_size", _integer(1), 500, "rows per MPUB"),
-    Option("batch_bytes", _integer(1), 1024 * 1024, "bytes per MPUB"),
-    Option("max_outstanding", _integer(1), 8, "unacknowledged requests per connection"),
-    Option("pool_size", _integer(1), 1, "connections per nsqd and worker process"),
-    Option("publish_timeout", _seconds(0.001), 30.0, "seconds before a publish fails"),
-    Option("max_publish_attempts", _integer(1), 3, "tries of a publish before the task fails"),
+    Option("topic", parse.topic, None, "the topic of rows without a topic column"),
+    Option("batch_size", parse.integer(1), 500, "rows per MPUB"),
+    Option("batch_bytes", parse.integer(1), 1024 * 1024, "bytes per MPUB"),
+    Option("max_outstanding", parse.integer(1), 8, "unacknowledged requests per connection"),
+    Option("pool_size", parse.integer(1), 1, "connections per nsqd and worker process"),
+    Option("publish_timeout", parse.seconds(0.001), 30.0, "seconds before a publish fails"),
+    Option("max_publish_attempts", parse.integer(1), 3, "tries of a publish before the task fails"),
 )
 
 #: Spark's own options, which reach the data source too: the generic ``path`` of
@@ -596,7 +459,7 @@ class _Given:
         for name, value in options.items():
             if value is None:
                 continue
-            self._values[_key(str(name))] = (str(name), str(value))
+            self._values[option_key(str(name))] = (str(name), str(value))
 
     def text(self, option: Option) -> str | None:
         """The option's text, stripped; ``None`` when it is absent or empty."""
@@ -656,7 +519,7 @@ def _unknown_options(kind: str, unknown: Iterable[str], known: Mapping[str, str]
     spelling-free key to its name), with the likely intended ones."""
     parts = []
     for name in unknown:
-        close = difflib.get_close_matches(_key(name), list(known), n=1)
+        close = difflib.get_close_matches(option_key(name), list(known), n=1)
         parts.append(f"{name} (did you mean {known[close[0]]}?)" if close else name)
     return OptionError(f"unknown option(s) of the nsq {kind}: {', '.join(parts)}")
 
@@ -674,9 +537,11 @@ def _check_read_mode(named: Iterable[str], mode: str) -> None:
 
 #: what the source reads, in order (its topic and channel first), and every name it knows
 _SOURCE_TABLE = SOURCE_OPTIONS[:2] + CONNECTION_OPTIONS + SOURCE_OPTIONS[2:]
-_SOURCE_KNOWN = {_key(n): n for n in [o.name for o in _SOURCE_TABLE] + list(_SPARK_SOURCE_OPTIONS)}
+_SOURCE_KNOWN = {
+    option_key(n): n for n in [o.name for o in _SOURCE_TABLE] + list(_SPARK_SOURCE_OPTIONS)
+}
 _SINK_TABLE = CONNECTION_OPTIONS + SINK_OPTIONS
-_SINK_KNOWN = {_key(n): n for n in [o.name for o in _SINK_TABLE] + list(_SPARK_SINK_OPTIONS)}
+_SINK_KNOWN = {option_key(n): n for n in [o.name for o in _SINK_TABLE] + list(_SPARK_SINK_OPTIONS)}
 
 
 def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:

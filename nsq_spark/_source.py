@@ -22,94 +22,29 @@ at-least-once, and ``id`` / ``attempts`` let a pipeline drop duplicates.
 
 from __future__ import annotations
 
-import array
 import atexit
-import contextlib
-import gc
-import itertools
-import logging
 import signal
 import sys
 import threading
-import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
-import anyio
 import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
-from anyio.abc import TaskGroup
-from anyio.lowlevel import checkpoint
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.streaming.datasource import (
-    ReadLimit,
-    ReadMaxBytes,
-    ReadMaxRows,
-    ReadMinRows,
-    SupportsTriggerAvailableNow,
-)
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 import nsq_anyio
-import nsq_proto
 
+from ._feed import Feed
 from ._loop import LoopThread
 from ._options import SourceOptions
+from ._planning import ConnectTimeout, read_limit, seq_of, seq_offset, split_evenly
+from ._reader import NSQReader, tune_gc
+from ._rows import record_batch
 
-__all__ = [
-    "ConnectTimeout",
-    "NSQStreamReader",
-    "NSQInputPartition",
-    "RefusingStreamReader",
-    "SOURCE_COLUMNS",
-    "check_columns",
-]
-
-log = logging.getLogger("nsq_spark")
-
-#: the columns the source can produce, in the order of its default schema
-SOURCE_COLUMNS = ("body", "id", "attempts", "timestamp", "topic", "nsqd", "partition", "trace_id")
-
-
-def check_columns(schema: StructType) -> None:
-    """A ValueError naming a column of ``schema`` the source does not have."""
-    for name in schema.fieldNames():
-        if name not in SOURCE_COLUMNS:
-            raise ValueError(
-                f"the nsq source has no column {name!r} (it has {', '.join(SOURCE_COLUMNS)})"
-            )
-
-
-class ConnectTimeout(nsq_proto.NSQTimeout):
-    """The source found no nsqd to consume from within ``connect_timeout``."""
-
-
-# tracebacks name it where users import it from
-ConnectTimeout.__module__ = "nsq_spark"
-
-
-def _offset(seq: int) -> dict[str, int]:
-    return {"seq": seq}
-
-
-def _seq(offset: dict[str, Any]) -> int:
-    try:
-        return int(offset["seq"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"not an offset of the nsq source: {offset!r}") from None
-
-
-def _message_id(raw: bytes) -> str:
-    """nsqd's ids are 16 hex digits; the partitioned server's are binary (shown in hex)."""
-    if raw.isascii():
-        text = raw.decode("ascii")
-        if text.isprintable():
-            return text
-    return raw.hex()
+__all__ = ["NSQInputPartition", "NSQStreamReader"]
 
 
 class NSQInputPartition(InputPartition):
@@ -127,680 +62,13 @@ class NSQInputPartition(InputPartition):
         return f"NSQInputPartition({self.value}, rows={len(self)})"
 
 
-def message_ids(messages: Sequence[nsq_anyio.Message]) -> pa.Array:
-    """The ids of ``messages`` as they came (binary)."""
-    return _binary([m.id for m in messages], pa.binary())
-
-
-# The columns are built from their buffers: pyarrow imports pandas (when it is installed) the
-# first time it converts a Python list or scalar (``pa.array``, ``pa.scalar``), most of the
-# first second of a Spark Python worker's first task.
-
-
-def _binary(values: Sequence[bytes], kind: pa.DataType) -> pa.Array:
-    """A binary or string array (``kind``) of ``values`` (UTF-8 already for strings)."""
-    offsets = array.array("i", itertools.accumulate(map(len, values), initial=0))
-    if offsets.itemsize != 4 or offsets[-1] >= 1 << 31:  # pragma: no cover (beyond int32)
-        return pa.array(values, kind)
-    return pa.Array.from_buffers(
-        kind, len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
-    )
-
-
-def _strings(values: Sequence[str], kind: pa.DataType) -> pa.Array:
-    """A string array of ``values``, each distinct value encoded once."""
-    encoded: dict[str, bytes] = {}
-    return _binary([encoded.get(v) or encoded.setdefault(v, v.encode()) for v in values], kind)
-
-
-#: the array module's typecode of each fixed-width type of the rows
-_TYPECODES = {pa.int32(): "i", pa.int64(): "q"}
-
-
-def _numbers(values: Sequence[int | None], kind: pa.DataType) -> pa.Array:
-    """An array of ``kind`` (32- or 64-bit integers, or timestamps stored as the latter) of
-    ``values``, where None is null."""
-    storage = pa.int64() if pa.types.is_timestamp(kind) else kind
-    code = _TYPECODES.get(storage)
-    if code is None or array.array(code).itemsize != storage.bit_width // 8:
-        return pa.array(values, kind)  # pragma: no cover (a platform without those widths)
-    nulls = sum(v is None for v in values)
-    validity = None
-    if nulls:
-        bits = bytearray((len(values) + 7) // 8)
-        for i, v in enumerate(values):
-            if v is not None:
-                bits[i >> 3] |= 1 << (i & 7)
-        validity = pa.py_buffer(bytes(bits))
-    data = array.array(code, [0 if v is None else v for v in values])
-    return pa.Array.from_buffers(kind, len(values), [validity, pa.py_buffer(data)], nulls)
-
-
-def _id_strings(ids: pa.Array) -> pa.Array:
-    """``ids`` as the ``id`` column shows them (see :func:`_message_id`), at once where every
-    id is printable ASCII (nsqd's always are)."""
-    try:
-        text = ids.cast(pa.string())
-    except pa.ArrowInvalid:  # not UTF-8: binary ids
-        text = None
-    if text is not None:
-        printable = pc.all(pc.and_(pc.string_is_ascii(text), pc.utf8_is_printable(text))).as_py()
-        if printable is None or printable:
-            return text
-    return _strings([_message_id(raw) for raw in ids.to_pylist()], pa.string())
-
-
-_CORE_FIELDS = frozenset({"body", "id", "attempts", "timestamp", "trace_id"})
-
-
-def _column(
-    field: pa.Field,
-    messages: Sequence[nsq_anyio.Message],
-    raw: Sequence[nsq_proto.Message],
-    topic: str,
-    ids: pa.Array | None,
-) -> pa.Array:
-    name, kind = field.name, field.type
-    if name == "body":
-        return _binary([m.body for m in raw], kind)
-    if name == "id":
-        return _id_strings(_binary([m.id for m in raw], pa.binary()) if ids is None else ids)
-    if name == "attempts":
-        return _numbers([m.attempts for m in raw], kind)
-    if name == "timestamp":  # nanoseconds to Spark's microseconds
-        return _numbers([m.timestamp // 1000 for m in raw], kind)
-    if name == "topic":
-        return _strings([topic] * len(messages), kind)
-    if name == "nsqd":
-        return _strings([m.nsqd_address for m in messages], kind)
-    if name == "partition":
-        return _numbers([m.partition for m in messages], kind)
-    if name == "trace_id":
-        return _numbers([m.trace_id for m in raw], kind)
-    raise ValueError(f"the nsq source has no column {name!r}")
-
-
-def record_batch(
-    messages: Sequence[nsq_anyio.Message],
-    arrow_schema: pa.Schema,
-    topic: str,
-    *,
-    ids: pa.Array | None = None,
-) -> pa.RecordBatch:
-    """The rows of ``messages`` as one Arrow record batch of ``arrow_schema``'s columns
-    (``ids``: their :func:`message_ids`, if made already)."""
-    # the core's messages: their fields are plain attributes
-    raw = [m.raw for m in messages] if _CORE_FIELDS.intersection(arrow_schema.names) else []
-    arrays = [_column(f, messages, raw, topic, ids) for f in arrow_schema]
-    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
-
-
-# ---------------------------------------------------------------------------------------------
-# what runs on the event loop
-
-
-#: (message, when it arrived on the loop's clock, the consumer that received it)
-_Held = tuple[nsq_anyio.Message, float, nsq_anyio.Consumer]
-
-#: messages taken from a consumer at once
-_RECEIVE_CHUNK = 4096
-#: the body size the feed expects before it received any: nsqd's default ``--max-msg-size``
-_ASSUMED_BODY_SIZE = 1024 * 1024
-#: FINs given between two checkpoints of the loop (others run meanwhile)
-_ANSWER_CHUNK = 2048
-
-
-def _shares(window: int, consumers: int, capacity: int) -> list[int]:
-    """``window`` split between ``consumers`` that may hold ``capacity`` each: the first ones
-    full, the rest what is left (0 when nothing is)."""
-    shares = []
-    left = window
-    for i in range(consumers):
-        share = left if i == consumers - 1 else min(capacity, left)
-        shares.append(share)
-        left -= share
-    return shares
-
-
-@dataclass(eq=False)
-class _Feed:
-    """The consumers and the messages they hold; every method runs on the reader's loop.
-
-    One consumer gives each nsqd one connection, and nsqd lets a connection hold at most its
-    ``--max-rdy-count`` (2,500 by default) unanswered messages; a source holds every message
-    until its batch is committed, so when ``max_in_flight`` is above what one connection per
-    nsqd may hold, the feed runs several consumers of the channel (up to
-    ``max_connections_per_nsqd``) and splits ``max_in_flight`` between them: the RDY of all
-    their connections never adds up to more than ``max_in_flight``.
-
-    The feed also holds about ``max_bytes_in_flight`` bytes of bodies at most: nsqd bounds
-    what a connection holds by count (RDY), so the feed's window, the RDY of all its
-    connections, is ``max_bytes_in_flight`` over the body size it expects (and at most
-    ``max_in_flight``).  Until the first messages tell that size, it expects nsqd's default
-    largest message (1 MiB); then a running mean that follows a rise at once and a fall
-    slowly.
-    """
-
-    options: SourceOptions
-    #: a new query (not one resuming from its checkpoint): start_from applies
-    fresh: bool = False
-    #: received, not yet numbered for a batch
-    held: deque[_Held] = field(default_factory=deque)
-    #: numbered for a batch, not yet answered: ``numbered[i]`` has the number ``base + i``
-    numbered: deque[_Held] = field(default_factory=deque)
-    base: int = 0
-    #: the ranges [start, end) handed to Spark by ``partitions()`` and not yet answered
-    planned: list[tuple[int, int]] = field(default_factory=list)
-    #: received during an availableNow run but published after it began: never numbered
-    later: list[_Held] = field(default_factory=list)
-    available_now_cutoff_ns: int | None = None
-    failure: BaseException | None = None
-    consumers: list[nsq_anyio.Consumer] = field(default_factory=list)
-    #: committed batches' messages on their way to FIN (sent in the background)
-    finishing: deque[_Held] = field(default_factory=deque)
-    finished: int = 0
-    #: TOUCHes sent for held messages
-    touched: int = 0
-    _arrived: anyio.Event | None = None
-    _finish_wanted: anyio.Event | None = None
-    _scope: anyio.CancelScope | None = None
-    _task_group: TaskGroup | None = None
-    _running: int = 0
-    _done: anyio.Event | None = None
-    _warned_max_timeout: bool = False
-    _warned_rdy_cap: bool = False
-    #: bytes of the bodies in ``held``
-    held_bytes: int = 0
-    #: the body size the window expects (0: none received yet)
-    body_size: float = 0.0
-    #: the RDY of all connections together, set by :meth:`_set_window`
-    window: int = 0
-
-    def __post_init__(self) -> None:
-        self.window = self._wanted_window()
-
-    def _wanted_window(self) -> int:
-        o = self.options
-        size = self.body_size or _ASSUMED_BODY_SIZE
-        return max(1, min(o.max_in_flight, int(o.max_bytes_in_flight / max(size, 1.0))))
-
-    @property
-    def next_seq(self) -> int:
-        return self.base + len(self.numbered)
-
-    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        o = self.options
-        self._done = anyio.Event()
-        self._arrived = anyio.Event()
-        self._finish_wanted = anyio.Event()
-        try:
-            with anyio.CancelScope() as scope:
-                self._scope = scope
-                async with anyio.create_task_group() as tg:
-                    self._task_group = tg
-                    await tg.start(self._consume, self.window, self.fresh)
-                    task_status.started()
-                    tg.start_soon(self._touch_loop)
-                    tg.start_soon(self._finish_loop)
-                    tg.start_soon(self._connect_deadline, self.consumers[0])
-                    if not o.ordered:
-                        tg.start_soon(self._grow)
-        except Exception as exc:
-            self.failure = exc
-            log.exception("the nsq consumer of %s/%s failed", o.topic, o.channel)
-            raise
-        finally:
-            self.consumers = []
-            self._done.set()
-            self._arrived.set()
-
-    async def _consume(
-        self, max_in_flight: int, fresh: bool, *, task_status: Any = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        o = self.options
-        kwargs = o.consumer_kwargs(fresh=fresh)
-        kwargs["max_in_flight"] = max_in_flight
-        async with nsq_anyio.Consumer(o.topic, o.channel, **kwargs) as consumer:
-            self.consumers.append(consumer)
-            self._running += 1
-            task_status.started()
-            try:
-                while batch := await consumer.get_many(_RECEIVE_CHUNK):
-                    self._receive(batch, consumer)
-            finally:
-                self._running -= 1
-        # consumers end when the feed shuts down: with the last one, so does the feed
-        if not self._running and self._task_group is not None:
-            self._task_group.cancel_scope.cancel()
-
-    async def _grow(self) -> None:
-        """Open more connections per nsqd while ``max_in_flight`` is above what the
-        connections may hold (IDENTIFY tells each one's ``max_rdy_count``)."""
-        o = self.options
-        caps: dict[str, int] = {}
-        while len(self.consumers) < o.max_connections_per_nsqd:
-            # quick until the first IDENTIFY answers; then as lookupd may change the nsqds
-            await anyio.sleep(1.0 if caps else 0.1)
-            caps = self._caps(self.consumers[0])
-            if not caps:
-                continue
-            capacity = sum(caps.values())  # of one consumer: one connection per nsqd
-            wanted = min(o.max_connections_per_nsqd, -(-self.window // capacity))
-            if wanted <= len(self.consumers):
-                continue
-            shares = _shares(self.window, wanted, capacity)
-            for consumer, share in zip(self.consumers, shares, strict=False):
-                consumer.set_max_in_flight(share)
-            assert self._task_group is not None
-            for share in shares[len(self.consumers) :]:
-                await self._task_group.start(self._consume, share, False)
-            log.info(
-                "the source's window of %d messages (max_in_flight, max_bytes_in_flight) is "
-                "above what one connection per nsqd may hold (%d): %d connections per nsqd",
-                self.window,
-                capacity,
-                wanted,
-            )
-
-    def _set_window(self, window: int) -> None:
-        """Split ``window`` between the consumers (more open in :meth:`_grow` if needed)."""
-        self.window = window
-        consumers = self.consumers
-        if not consumers:
-            return
-        caps = self._caps(consumers[0])
-        if len(consumers) == 1 or not caps:
-            consumers[0].set_max_in_flight(window)
-            for consumer in consumers[1:]:
-                consumer.set_max_in_flight(0)
-            return
-        shares = _shares(window, len(consumers), sum(caps.values()))
-        for consumer, share in zip(consumers, shares, strict=True):
-            consumer.set_max_in_flight(share)
-
-    @staticmethod
-    def _caps(consumer: nsq_anyio.Consumer) -> dict[str, int]:
-        return {
-            c["address"]: c["max_rdy_count"]
-            for c in consumer.stats()["connections"]
-            if c["state"] == "SUBSCRIBED" and c["max_rdy_count"] is not None
-        }
-
-    async def _connect_deadline(self, consumer: nsq_anyio.Consumer) -> None:
-        """Fail the source when it has nothing to consume from ``connect_timeout`` seconds
-        after it started: no subscribed nsqd connection and, with lookupd, no answer that
-        lists no nsqd yet (a topic nobody published to)."""
-        o = self.options
-        with anyio.move_on_after(o.connect_timeout):
-            while True:
-                stats = consumer.stats()
-                if any(c["state"] == "SUBSCRIBED" for c in stats["connections"]):
-                    return
-                lookup = consumer.last_lookup
-                if lookup is not None and not lookup.producers:
-                    return
-                await anyio.sleep(0.05)
-        c = o.connection
-        where = ", ".join(
-            [f"nsqd {a}" for a in c.nsqd_tcp_addresses]
-            + [f"lookupd {a}" for a in c.lookupd_http_addresses]
-        )
-        causes = []
-        if consumer.lookup_failures:
-            causes.append(f"lookupd: {consumer.lookup_failures[-1].error}")
-        if consumer.connection_errors:
-            error = consumer.connection_errors[-1]
-            cause = error.__cause__
-            text = str(error)
-            if cause is not None and str(cause) not in text:
-                text += f" ({cause})"
-            causes.append(f"nsqd: {text}")
-        if consumer.last_lookup is not None and consumer.last_lookup.producers:
-            causes.append(f"lookupd listed {', '.join(consumer.last_lookup.producers)}")
-        self.failure = ConnectTimeout(
-            f"the nsq source of {o.topic}/{o.channel} has no nsqd to consume from after "
-            f"connect_timeout ({o.connect_timeout:g} s) ({where})"
-            + (f"; last error: {'; '.join(causes)}" if causes else "")
-        )
-        log.error("%s", self.failure)
-        assert self._scope is not None
-        self._scope.cancel()
-
-    def _receive(self, batch: list[nsq_anyio.Message], consumer: nsq_anyio.Consumer) -> None:
-        now = anyio.current_time()
-        cutoff = self.available_now_cutoff_ns
-        size = sum([len(m.raw.body) for m in batch])
-        if cutoff is None:
-            self.held.extend([(message, now, consumer) for message in batch])
-            self.held_bytes += size
-        else:
-            for message in batch:
-                if message.timestamp > cutoff:
-                    self.later.append((message, now, consumer))
-                else:
-                    self.held.append((message, now, consumer))
-                    self.held_bytes += len(message.raw.body)
-        self._follow_size(size / len(batch))
-        assert self._arrived is not None
-        self._arrived.set()
-
-    def _follow_size(self, mean: float) -> None:
-        """Size the window by the bodies received: at once when they grow (what is held must
-        stay bounded), slowly when they shrink."""
-        known = self.body_size
-        self.body_size = mean if not known or mean > known else known + (mean - known) / 8
-        wanted = self._wanted_window()
-        if wanted < self.window * 0.9 or wanted > self.window * 1.25 + 1:
-            self._set_window(wanted)
-
-    async def _touch_loop(self) -> None:
-        """TOUCH what is held long enough for nsqd to time it out: every ``touch_interval / 2``
-        seconds, each message held for at least that long (so at most ``touch_interval``
-        passes between two TOUCHes of one message, well below ``msg_timeout``), in bulk: one
-        write per connection and chunk."""
-        o = self.options
-        step = o.touch_interval / 2
-        while True:
-            await anyio.sleep(step)
-            now = anyio.current_time()
-            due: dict[nsq_anyio.Consumer, list[nsq_anyio.Message]] = {}
-            for message, received_at, consumer in self._all_held():
-                if now - received_at < step:
-                    continue
-                if now - received_at + o.msg_timeout > o.max_msg_timeout:
-                    # nsqd will not extend past max_msg_timeout: it times out and comes back
-                    if not self._warned_max_timeout:
-                        self._warned_max_timeout = True
-                        log.warning(
-                            "a message has been held for max_msg_timeout (%.0f s): nsqd will "
-                            "deliver it again",
-                            o.max_msg_timeout,
-                        )
-                    continue
-                if not message.has_responded:
-                    due.setdefault(consumer, []).append(message)
-            for consumer, messages in due.items():
-                for at in range(0, len(messages), _ANSWER_CHUNK):
-                    # answered meanwhile (a FIN of a committed batch): not touched
-                    chunk = [m for m in messages[at : at + _ANSWER_CHUNK] if not m.has_responded]
-                    # a message can be gone from its connection (reconnected; timed out and
-                    # delivered again): its TOUCH is moot
-                    with contextlib.suppress(nsq_anyio.NSQError):
-                        await consumer.touch_many(chunk)
-                    self.touched += len(chunk)
-                    await checkpoint()
-
-    def _all_held(self) -> list[_Held]:
-        return [*self.numbered, *self.held, *self.later]
-
-    def _take_before(self, seq: int) -> tuple[list[_Held], list[_Held]]:
-        """Take every message numbered below ``seq``: (planned, never planned)."""
-        n = min(seq - self.base, len(self.numbered))
-        if n <= 0:
-            return [], []
-        first = self.base
-        popleft = self.numbered.popleft
-        taken = [popleft() for _ in range(n)]
-        self.base += n
-        flags = bytearray(n)
-        for a, b in self.planned:
-            lo, hi = max(a, first) - first, min(b, first + n) - first
-            if lo < hi:
-                flags[lo:hi] = b"\x01" * (hi - lo)
-        self.planned = [(a, b) for a, b in self.planned if b > self.base]
-        if all(flags):
-            return taken, []
-        planned = [m for m, f in zip(taken, flags, strict=True) if f]
-        unread = [m for m, f in zip(taken, flags, strict=True) if not f]
-        return planned, unread
-
-    async def finish_before(self, seq: int) -> int:
-        """FIN every message numbered below ``seq`` (in the background: the batch is
-        committed, nothing waits for the FINs); returns how many."""
-        planned, unread = self._take_before(seq)
-        if unread:
-            # a message Spark never asked for is not processed: it goes back to nsqd
-            log.warning("%d messages were committed but never read: requeued", len(unread))
-            for message, _, _ in unread:
-                await self._answer(message, finish=False)
-        if planned:
-            self.finishing.extend(planned)
-            assert self._finish_wanted is not None
-            self._finish_wanted.set()
-        return len(planned) + len(unread)
-
-    async def _finish_loop(self) -> None:
-        while True:
-            assert self._finish_wanted is not None
-            await self._finish_wanted.wait()
-            self._finish_wanted = anyio.Event()
-            await self._finish_pending(checkpoints=True)
-
-    async def _finish_pending(self, *, checkpoints: bool) -> None:
-        finishing = self.finishing
-        popleft = finishing.popleft
-        while finishing:
-            by_consumer: dict[nsq_anyio.Consumer, list[nsq_anyio.Message]] = {}
-            for _ in range(min(_ANSWER_CHUNK, len(finishing))):
-                message, _, consumer = popleft()
-                if not message.has_responded:
-                    by_consumer.setdefault(consumer, []).append(message)
-            for consumer, messages in by_consumer.items():
-                # a message can be gone from its connection (reconnected; timed out and
-                # delivered again): nsqd redelivers it, its FIN is moot
-                with contextlib.suppress(nsq_anyio.NSQError):
-                    await consumer.finish_many(messages)
-                self.finished += len(messages)
-            if checkpoints:
-                await checkpoint()
-
-    async def _answer(self, message: nsq_anyio.Message, *, finish: bool) -> None:
-        if message.has_responded:
-            return
-        # a message can be gone from the connection (reconnected, timed out and delivered
-        # again): nsqd redelivers it, the answer is moot
-        with contextlib.suppress(nsq_anyio.NSQError):
-            if finish:
-                await message.finish()
-            else:
-                await message.requeue(delay=0.0, backoff=False)
-
-    def _check_rdy_cap(self) -> None:
-        """Warn (once) when nsqd lets the source hold fewer messages than max_in_flight even
-        with ``max_connections_per_nsqd`` connections per nsqd."""
-        o = self.options
-        if self._warned_rdy_cap or not self.consumers or o.ordered:
-            return
-        if len(self.consumers) < o.max_connections_per_nsqd:
-            return  # more are on their way if needed
-        caps: dict[str, int] = {}
-        for consumer in self.consumers:
-            for address, cap in self._caps(consumer).items():
-                caps[address] = caps.get(address, 0) + cap
-        if caps and sum(caps.values()) < o.max_in_flight:
-            self._warned_rdy_cap = True
-            log.warning(
-                "max_in_flight %d is above what nsqd allows: the source holds at most %d "
-                "messages (%d connections per nsqd: %s; nsqd's --max-rdy-count, the option "
-                "max_connections_per_nsqd)",
-                o.max_in_flight,
-                sum(caps.values()),
-                len(self.consumers),
-                ", ".join(f"{address} {cap}" for address, cap in sorted(caps.items())),
-            )
-
-    async def advance(self, start: int, limit: tuple[str, int]) -> int:
-        """Finish what is before ``start`` and number held messages for the next batch."""
-        self._check_rdy_cap()
-        await self.finish_before(start)
-        if self.next_seq < start:  # a reader that resumes a query: its numbers go on
-            self.base = start
-        kind, amount = limit
-        if self.available_now_cutoff_ns is not None:
-            await self._wait_until_quiet(amount if kind == "rows" else None)
-        planned = self.next_seq - start
-        held = self.held
-        if kind == "min_rows" and planned + len(held) < amount:
-            return self.next_seq
-        # a batch is bounded by max_bytes_per_trigger besides Spark's limit in rows
-        rows, max_bytes = len(held), self.options.max_bytes_per_trigger
-        if kind == "rows":
-            rows = max(0, min(amount - planned, len(held)))
-        elif kind == "bytes":
-            max_bytes = min(max_bytes, amount)
-        taken_bytes = sum(len(m.raw.body) for m, _, _ in self.numbered) if planned else 0
-        if rows == len(held) and taken_bytes + self.held_bytes <= max_bytes:
-            take, size = rows, self.held_bytes
-        else:  # count the bodies up to the limits (the first message goes whatever its size)
-            take = size = 0
-            for message, _, _ in itertools.islice(held, rows):
-                body = len(message.raw.body)
-                if planned + take > 0 and taken_bytes + size + body > max_bytes:
-                    break
-                take += 1
-                size += body
-        self.held_bytes -= size
-        if take == len(held):
-            self.numbered.extend(held)
-            held.clear()
-        else:
-            popleft = held.popleft
-            self.numbered.extend([popleft() for _ in range(take)])
-        return self.next_seq
-
-    async def _wait_until_quiet(self, rows: int | None) -> None:
-        """availableNow: let what nsqd has for us arrive (until ``rows`` are held or nothing
-        arrived for ``available_now_idle_timeout``)."""
-        idle = self.options.available_now_idle_timeout
-        while self.failure is None and not (self._done and self._done.is_set()):
-            if rows is not None and len(self.held) >= rows:
-                return
-            if self.held_bytes >= self.options.max_bytes_per_trigger:
-                return  # a batch's worth of bytes
-            holding = len(self.numbered) + len(self.held) + len(self.later) + len(self.finishing)
-            if holding >= self.window:
-                return  # nsqd sends no more before some are answered
-            self._arrived = anyio.Event()
-            with anyio.move_on_after(idle) as scope:
-                await self._arrived.wait()
-            if scope.cancelled_caught:
-                return
-
-    async def rows(self, start: int, end: int) -> list[nsq_anyio.Message]:
-        if self.next_seq < end and not self.numbered:
-            # a batch of the query's log that this reader never numbered (a restart): NSQ
-            # cannot replay it, its messages come again from nsqd; numbering goes on after it
-            self.base = end
-            return []
-        lo, hi = max(start, self.base), min(end, self.next_seq)
-        if lo >= hi:
-            return []
-        self.planned.append((lo, hi))
-        offset = lo - self.base
-        # (a deque's middle is slow to index: slice it)
-        return [h[0] for h in itertools.islice(self.numbered, offset, offset + hi - lo)]
-
-    async def latest(self) -> int:
-        return self.next_seq + len(self.held)
-
-    async def prepare_available_now(self) -> None:
-        self.available_now_cutoff_ns = time.time_ns()
-        # what was already received but published later waits for the next run
-        keep: deque[_Held] = deque()
-        for held in self.held:
-            if held[0].timestamp > self.available_now_cutoff_ns:
-                self.later.append(held)
-            else:
-                keep.append(held)
-        self.held = keep
-        self.held_bytes = sum(len(m.raw.body) for m, _, _ in keep)
-
-    async def shutdown(self) -> None:
-        """FIN what was committed, requeue every other message held and unanswered, then
-        stop the consumers."""
-        consumers = list(self.consumers)
-        for consumer in consumers:
-            consumer.set_max_in_flight(0)  # nothing more, not even what is requeued now
-        await self._finish_pending(checkpoints=False)
-        pending = self._all_held()
-        self.numbered.clear()
-        self.held.clear()
-        self.held_bytes = 0
-        self.later.clear()
-        for message, _, _ in pending:
-            await self._answer(message, finish=False)
-        # a graceful stop: the answers go out before the connections close
-        with anyio.move_on_after(10.0):
-            async with anyio.create_task_group() as tg:
-                for consumer in consumers:
-                    tg.start_soon(self._stop_consumer, consumer)
-        if self._done is not None:
-            with anyio.move_on_after(5.0):
-                await self._done.wait()
-        if self._scope is not None:
-            self._scope.cancel()
-
-    @staticmethod
-    async def _stop_consumer(consumer: nsq_anyio.Consumer) -> None:
-        try:
-            await consumer.stop()
-        except nsq_anyio.NSQError:
-            log.warning("stopping the nsq consumer failed", exc_info=True)
-
-    async def stats(self) -> dict[str, int]:
-        return {
-            "held": len(self.held),
-            "batched": len(self.numbered),
-            "later": len(self.later),
-            "next_seq": self.next_seq,
-            "finishing": len(self.finishing),
-            "finished": self.finished,
-            "touched": self.touched,
-            "connections_per_nsqd": len(self.consumers),
-        }
-
-
-# ---------------------------------------------------------------------------------------------
-# what Spark calls
-
-
-#: the collector's first threshold in the process that runs the reader
-GC_THRESHOLD = 100_000
-
-
-def _tune_gc() -> None:
-    """The reader holds up to ``max_in_flight`` messages (a few objects each) for about one
-    batch, and receives as many every batch: with Python's default thresholds the cyclic
-    collector runs every 700 allocations and walks all of them, which cost about a third of
-    the reader's CPU.  The reader runs in a process of its own (Spark's source runner), so it
-    collects less often there, unless the thresholds were already raised."""
-    first, second, third = gc.get_threshold()
-    if 0 < first < GC_THRESHOLD:
-        gc.set_threshold(GC_THRESHOLD, max(second, 50), max(third, 100))
-
-
-@contextlib.contextmanager
-def fewer_collections() -> Iterator[None]:
-    """The collector's first threshold at :data:`GC_THRESHOLD` for the block, then as it was:
-    a task on an executor receives and holds its whole share (tens of thousands of messages,
-    a few objects each) before it answers any, and with Python's default of 700 the cyclic
-    collector walked them all over and over, about a third of the task's CPU.  The Python
-    worker that runs the task may run other code after it, so the thresholds are restored."""
-    saved = gc.get_threshold()
-    _tune_gc()
-    try:
-        yield
-    finally:
-        gc.set_threshold(*saved)
-
-
 class _Runtime:
     """The reader's live part: a loop thread and the feed on it (never pickled)."""
 
     def __init__(self, options: SourceOptions, *, fresh: bool = False) -> None:
-        _tune_gc()
+        tune_gc()
         self.loop = LoopThread(f"nsq-spark-source-{options.topic}")
-        self.feed = _Feed(options, fresh=fresh)
+        self.feed = Feed(options, fresh=fresh)
         self.closed = False
         try:
             self.future, _ = self.loop.portal.start_task(self.feed.run)
@@ -855,24 +123,20 @@ def _install_sigterm_handler() -> None:
         _SIGTERM_INSTALLED = True
 
 
-class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class NSQStreamReader(NSQReader):
     """Spark's stream reader of one topic/channel (see the module documentation)."""
+
+    live = ("_runtime",)
+    partition_type = NSQInputPartition
 
     def __init__(
         self, options: SourceOptions, schema: StructType, *, handle_sigterm: bool = True
     ) -> None:
-        self.options = options
-        self.schema = schema
+        super().__init__(options, schema)
         #: turn SIGTERM into SystemExit in the process that runs the reader (Spark's source
         #: runner), so that ``stop()`` runs when the query stops
         self.handle_sigterm = handle_sigterm
-        check_columns(schema)
         self._runtime: _Runtime | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_runtime"] = None
-        return state
 
     # -- the driver side ------------------------------------------------------------------
 
@@ -891,28 +155,18 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # the answer must not move.  Only a fresh query asks: start_from applies here (a query
         # that resumes from its checkpoint goes on where the channel is)
         self._feed(fresh=True)
-        return _offset(0)
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.options.max_messages_per_trigger)
+        return seq_offset(0)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
         runtime = self._feed()
-        if isinstance(limit, ReadMaxRows):
-            spec = ("rows", max(1, int(limit.max_rows)))
-        elif isinstance(limit, ReadMaxBytes):
-            spec = ("bytes", max(1, int(limit.max_bytes)))
-        elif isinstance(limit, ReadMinRows):
-            spec = ("min_rows", int(limit.min_rows))
-        else:  # ReadAllAvailable and limits that do not apply to messages
-            spec = ("all", 0)
-        return _offset(runtime.loop.call(runtime.feed.advance, _seq(start), spec))
+        spec = read_limit(limit)
+        return seq_offset(runtime.loop.call(runtime.feed.advance, seq_of(start), spec))
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         runtime = self._runtime
         if runtime is None or runtime.closed:
             return None
-        return _offset(runtime.loop.call(runtime.feed.latest))
+        return seq_offset(runtime.loop.call(runtime.feed.latest))
 
     def prepareForTriggerAvailableNow(self) -> None:
         runtime = self._feed()
@@ -920,7 +174,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         runtime = self._feed()
-        held = runtime.loop.call(runtime.feed.rows, _seq(start), _seq(end))
+        held = runtime.loop.call(runtime.feed.rows, seq_of(start), seq_of(end))
         if not held:
             return []
         topic = self.options.topic
@@ -932,15 +186,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 by_partition.setdefault((m.nsqd_address, m.partition), []).append(m)
             groups = list(by_partition.values())
         else:
-            n = min(self.options.num_partitions, len(held))
-            size, extra = divmod(len(held), n)
-            groups = []
-            at = 0
-            for i in range(n):
-                step = size + (1 if i < extra else 0)
-                groups.append(held[at : at + step])
-                at += step
-        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+            groups = split_evenly(held, self.options.num_partitions)
+        arrow_schema = self.arrow_schema()
         return [
             NSQInputPartition(index, record_batch(group, arrow_schema, topic))
             for index, group in enumerate(groups)
@@ -948,7 +195,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         runtime = self._feed()
-        runtime.loop.call(runtime.feed.finish_before, _seq(end))
+        runtime.loop.call(runtime.feed.finish_before, seq_of(end))
 
     def stop(self) -> None:
         runtime, self._runtime = self._runtime, None
@@ -958,39 +205,5 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- the executor side ------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, NSQInputPartition):
-            raise TypeError(f"not a partition of the nsq source: {partition!r}")
+    def read_rows(self, partition: NSQInputPartition) -> Iterator[pa.RecordBatch]:
         yield partition.batch
-
-
-class RefusingStreamReader(DataSourceStreamReader):
-    """The reader of a source whose options (or schema) are wrong: every call Spark makes
-    raises that error, so the query fails at once with it."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    def _refuse(self) -> NoReturn:
-        raise self.error
-
-    def initialOffset(self) -> dict[str, int]:
-        self._refuse()
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        self._refuse()
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        self._refuse()
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        self._refuse()
-
-    def commit(self, end: dict[str, Any]) -> None:
-        self._refuse()
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        self._refuse()
-
-    def stop(self) -> None:
-        pass

@@ -377,3 +377,56 @@ def test_the_cli_sits_above_the_client() -> None:
     ]
     assert not wrong, "the command line is imported from below:\n  " + "\n  ".join(wrong)
     assert "nsq_anyio" in import_graph()[f"{CLI}._cli"]
+
+
+#: modules that stay importable without the Spark extra: the source's planning (and what it
+#: imports) is plain Python over plain values, tested on its own
+PURE_SPARK_MODULES = ("nsq_spark._planning",)
+#: what those modules may not import, even through the modules they import
+SPARK_EXTRA = ("pyspark", "pyarrow", "pandas")
+
+
+def outside_imports(module: str) -> dict[str, int]:
+    """The top-level names of the packages outside the project that ``module`` imports
+    (inside functions and under ``if TYPE_CHECKING:`` too), with the first line of each."""
+    path = module_files()[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: dict[str, int] = {}
+    for stmt, _ in _imports(tree):
+        if isinstance(stmt, ast.Import):
+            names = [alias.name for alias in stmt.names]
+        else:
+            assert isinstance(stmt, ast.ImportFrom)
+            names = [stmt.module or ""] if stmt.level == 0 else []
+        for name in names:
+            found.setdefault(name.split(".")[0], stmt.lineno)
+    return found
+
+
+def reachable(graph: Graph, start: str) -> list[str]:
+    """``start`` and every module it imports, directly or not."""
+    seen = [start]
+    for module in seen:
+        seen.extend(m for m in sorted(graph[module]) if m not in seen)
+    return seen
+
+
+def test_outside_imports_are_found() -> None:
+    found = outside_imports("nsq_spark._source")
+    assert {"pyspark", "pyarrow", "atexit"} <= set(found)
+    assert "nsq_spark" not in found and "nsq_anyio" in found
+
+
+@pytest.mark.parametrize("module", PURE_SPARK_MODULES)
+def test_the_spark_sources_planning_needs_no_spark(module: str) -> None:
+    """The planning module, and every module of the project it imports, import neither
+    pyspark nor pyarrow (nor pandas)."""
+    modules = reachable(import_graph(type_only=True), module)
+    assert "nsq_spark._options" in modules  # the check followed its imports
+    wrong = [
+        f"{m} (line {line}) imports {name}"
+        for m in modules
+        for name, line in outside_imports(m).items()
+        if name in SPARK_EXTRA
+    ]
+    assert not wrong, f"{module} needs the Spark extra:\n  " + "\n  ".join(wrong)

@@ -1,6 +1,6 @@
-"""The executor-side source without a JVM: its options, how a batch is planned, the staging
-location, and the reader called the way Spark calls it (the driver's calls and the tasks'
-``read``) against the emulator."""
+"""The executor-side source without a JVM: its options, the staging location, and the reader
+called the way Spark calls it (the driver's calls and the tasks' ``read``) against the
+emulator.  How a batch is planned is ``test_planning``'s."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pyarrow as pa  # type: ignore[import-untyped]  # no type information (as 
 import pytest
 
 from nsq_spark import SCHEMA, ConnectTimeout, NSQDataSource, NSQExecutorStreamReader, OptionError
-from nsq_spark._executor_source import NSQStagedPartition, Part, plan_batch
+from nsq_spark._executor_source import NSQStagedPartition
 from nsq_spark._options import parse_source_options
+from nsq_spark._planning import Part, plan_batch
 from nsq_spark._staging import Staging, StagingNotShared
 
 from .helpers import Emulator
@@ -49,80 +50,6 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
     ]:
         with pytest.raises(OptionError, match=message):
             parse_source_options({**base, **options})
-
-
-# -- planning --------------------------------------------------------------------------------
-
-
-def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
-    def plan(depths: dict[str, int], **limits: int) -> list[tuple[str, int, int]]:
-        o = {"max_messages": 100, "max_bytes": 1000, "per_partition": 2500, **limits}
-        parts = plan_batch(
-            depths,
-            max_messages=o["max_messages"],
-            max_bytes=o["max_bytes"],
-            per_partition=o["per_partition"],
-            min_partitions=o.get("min_partitions", 1),
-        )
-        return [(p.address, p.messages, p.bytes) for p in parts]
-
-    assert plan({}) == [] and plan({"a": 0, "b": 0}) == []
-    assert plan({"a": 10}) == [("a", 10, 1000)]
-    # what one nsqd does not need goes to the other
-    assert plan({"a": 10, "b": 500}) == [("a", 10, 100), ("b", 90, 900)]
-    assert plan({"a": 500, "b": 500}) == [("a", 50, 500), ("b", 50, 500)]
-    # a task holds at most per_partition messages (nsqd's --max-rdy-count)
-    assert plan({"a": 500}, per_partition=40) == [("a", 34, 340), ("a", 33, 330), ("a", 33, 330)]
-    # at least min_partitions tasks, if there are messages enough
-    assert plan({"a": 3}, min_partitions=4) == [("a", 1, 333), ("a", 1, 333), ("a", 1, 333)]
-    # every nsqd with messages gets at least one, even over a tiny limit
-    assert sum(p[1] for p in plan({"a": 5, "b": 5, "c": 5}, max_messages=2)) == 2
-    # the bytes of a batch never add up to more than its limit
-    parts = plan({"a": 7, "b": 9, "c": 1000}, max_messages=1000, max_bytes=12345)
-    assert sum(p[2] for p in parts) <= 12345 and sum(p[1] for p in parts) == 1000
-
-
-def test_the_mean_body_size_bounds_a_batchs_messages_and_splits_it_into_tasks_by_bytes() -> None:
-    def plan(depths: dict[str, int], sizes: dict[str, float], **limits: int) -> list[Part]:
-        o = {"max_messages": 1000, "max_bytes": 100_000, "per_partition": 500, **limits}
-        return plan_batch(
-            depths,
-            max_messages=o["max_messages"],
-            max_bytes=o["max_bytes"],
-            per_partition=o["per_partition"],
-            sizes=sizes,
-            max_partition_bytes=o.get("max_partition_bytes"),
-        )
-
-    # 1,000 messages of 1,000 bytes do not fit 100,000 bytes: 100 of them do
-    parts = plan({"a": 5000}, {"a": 1000.0})
-    assert [(p.messages, p.bytes) for p in parts] == [(100, 100_000)]
-    # over two nsqd, each with its own size: the batch still fits, both get some
-    parts = plan({"a": 5000, "b": 5000}, {"a": 100.0, "b": 1000.0})
-    assert {p.address for p in parts} == {"a", "b"}
-    assert sum(p.messages * (100 if p.address == "a" else 1000) for p in parts) <= 100_000
-    # tasks of at most max_partition_bytes: 100 messages of 1,000 bytes in 4 of 25,000
-    parts = plan({"a": 5000}, {"a": 1000.0}, max_partition_bytes=25_000)
-    assert [(p.messages, p.bytes) for p in parts] == [(25, 25_000)] * 4
-    # without a known size the tasks are split by messages, each still capped in bytes
-    parts = plan({"a": 5000}, {}, max_partition_bytes=25_000)
-    assert [(p.messages, p.bytes) for p in parts] == [(500, 25_000)] * 2
-    # small messages: the message limits decide, as without sizes
-    assert plan({"a": 5000}, {"a": 10.0}) == plan({"a": 5000}, {})
-    # a single huge message still makes a task
-    assert [(p.messages, p.bytes) for p in plan({"a": 3}, {"a": 1e9})] == [(1, 100_000)]
-    # the defaults with 200 KB bodies: each task's messages fit its bytes (168 of them in a
-    # task of 32 MiB would not: the task would stop one short of its plan)
-    parts = plan(
-        {"a": 5000},
-        {"a": 200_000.0},
-        max_messages=1_000_000,
-        max_bytes=256 << 20,
-        per_partition=100_000,
-        max_partition_bytes=32 << 20,
-    )
-    assert sum(p.messages for p in parts) == (256 << 20) // 200_000
-    assert all(p.messages * 200_000 <= p.bytes for p in parts), parts
 
 
 # -- staging ---------------------------------------------------------------------------------
@@ -384,16 +311,16 @@ def test_a_share_above_what_its_connections_may_hold_ends_there_without_waiting(
 def test_an_idle_topic_is_asked_for_its_depth_at_most_every_100_ms(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nsq_spark._executor_source as source
+    import nsq_spark._planner as planner
 
     asked: list[str] = []
-    real = source._http
+    real = planner._http
 
     def counted(address: str, path: str, **kwargs: Any) -> tuple[int, bytes]:
         asked.append(path)
         return real(address, path, **kwargs)
 
-    monkeypatch.setattr(source, "_http", counted)
+    monkeypatch.setattr(planner, "_http", counted)
     r = reader(emulator, "exec-idle", tmp_path)
     start = r.initialOffset()
     r.latestOffset(start, r.getDefaultReadLimit())  # creates the channel
@@ -702,7 +629,7 @@ def test_the_partitioned_servers_stats_plan_each_partition_it_leads(
     """The partitioned server lists a topic once per partition; its channel's depth counts the
     messages in flight and deferred too, and ``depth_size`` their bytes (as a real one
     answers); a partition it holds as a replica is read from its leader."""
-    from nsq_spark import _executor_source
+    from nsq_spark import _planner
 
     def channel(depth: int, in_flight: int, size: int, count: int) -> dict[str, Any]:
         return {
@@ -731,12 +658,12 @@ def test_the_partitioned_servers_stats_plan_each_partition_it_leads(
         assert path.startswith("/stats?")
         return 200, json.dumps({"status_code": 200, "data": stats}).encode()
 
-    monkeypatch.setattr(_executor_source, "_http", answer)
+    monkeypatch.setattr(_planner, "_http", answer)
     options = parse_source_options(
         {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "n:4150",
          "nsqd_http_addresses": "n:4151"}
     )  # fmt: skip
-    planner = _executor_source._Planner(options)
+    planner = _planner.Planner(options)
     depths = planner.depths()
     assert depths == {"n:4150 partition 0": 3, "n:4150 partition 1": 4}  # ready only
     assert planner.sources == {
@@ -753,7 +680,7 @@ def test_the_partitioned_servers_stats_plan_each_partition_it_leads(
         ("n:4150", 1, 4),
     ]
     # the offset log keeps the partition; a part of a standard nsqd is written as before
-    from nsq_spark._executor_source import _decode, _encode
+    from nsq_spark._planning import decode_part, encode_part
 
-    assert [_decode(_encode(p)) for p in parts] == parts
-    assert _encode(Part("n:4150", 5, 10)) == ["n:4150", 5, 10]
+    assert [decode_part(encode_part(p)) for p in parts] == parts
+    assert encode_part(Part("n:4150", 5, 10)) == ["n:4150", 5, 10]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from nsq_spark._source import _message_id
+from nsq_spark._rows import message_id
 
 from .helpers import Emulator, run_available_now, wait_for
 
@@ -176,11 +176,11 @@ def test_messages_are_finished_only_after_their_batch_committed(
         ids = [r.id for r in batch.select("id").collect()]
         if not ids:
             return
-        states = {_message_id(m.id): m.state for m in emulator.channel_messages(topic, "spark")}
+        states = {message_id(m.id): m.state for m in emulator.channel_messages(topic, "spark")}
         # the batch before this one was committed: FINished by the time this one was planned
         deadline = time.monotonic() + 5
         while True:
-            held = {_message_id(m.id) for m in emulator.channel_messages(topic, "spark")}
+            held = {message_id(m.id) for m in emulator.channel_messages(topic, "spark")}
             gone = not held.intersection(previous)
             if gone or time.monotonic() > deadline:
                 break

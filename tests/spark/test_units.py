@@ -35,9 +35,11 @@ from nsq_spark import (
     NSQStreamReader,
     OptionError,
 )
+from nsq_spark._feed import Feed
 from nsq_spark._options import parse_sink_options, parse_source_options
+from nsq_spark._planning import shares
+from nsq_spark._rows import message_id, record_batch
 from nsq_spark._sink import _requests
-from nsq_spark._source import _Feed, _message_id, _shares, record_batch
 
 from .helpers import Emulator, wait_for
 
@@ -433,7 +435,7 @@ def test_the_driver_readers_window_follows_a_rise_of_body_sizes_at_once_and_a_fa
     options = parse_source_options(
         {**base, "read_mode": "driver", "max_bytes_in_flight": "1000000"}
     )
-    feed = _Feed(options)
+    feed = Feed(options)
     assert feed.window == 1  # before any message: nsqd's largest (1 MiB) is expected
     feed._follow_size(10_000.0)
     assert feed.window == 100
@@ -445,8 +447,8 @@ def test_the_driver_readers_window_follows_a_rise_of_body_sizes_at_once_and_a_fa
         feed._follow_size(100.0)
     assert 8_000 <= feed.window <= 10_000  # 1,000,000 bytes of 100-byte bodies, nearly
     # split between connections that may hold 2,500 each: the first ones full
-    assert _shares(6000, 2, 2500) == [2500, 3500]  # (a third connection opens for the rest)
-    assert _shares(3000, 3, 2500) == [2500, 500, 0]
+    assert shares(6000, 2, 2500) == [2500, 3500]  # (a third connection opens for the rest)
+    assert shares(3000, 3, 2500) == [2500, 500, 0]
 
 
 def test_available_now_does_not_wait_for_quiet_once_the_window_is_full(
@@ -683,9 +685,22 @@ def test_read_with_a_narrower_schema(emulator: Emulator) -> None:
         NSQStreamReader(options, StructType([StructField("nope", StringType())]))
 
 
+def test_sparks_read_limits_are_one_kind_and_amount() -> None:
+    """The planning module tells pyspark's limits apart without importing pyspark."""
+    from pyspark.sql.streaming.datasource import ReadMaxFiles
+
+    from nsq_spark._planning import read_limit
+
+    assert read_limit(ReadMaxRows(5)) == ("rows", 5)
+    assert read_limit(ReadMaxBytes(1000)) == ("bytes", 1000)
+    assert read_limit(ReadMinRows(7)) == ("min_rows", 7)
+    assert read_limit(ReadAllAvailable()) == ("all", 0)
+    assert read_limit(ReadMaxFiles(3)) == ("all", 0)
+
+
 def test_message_ids() -> None:
-    assert _message_id(b"0a1b2c3d4e5f6071") == "0a1b2c3d4e5f6071"
-    assert _message_id(b"\x00\x01" + b"\xff" * 14) == "0001" + "ff" * 14
+    assert message_id(b"0a1b2c3d4e5f6071") == "0a1b2c3d4e5f6071"
+    assert message_id(b"\x00\x01" + b"\xff" * 14) == "0001" + "ff" * 14
 
 
 def test_record_batch_columns() -> None:
@@ -712,7 +727,7 @@ def test_record_batch_columns() -> None:
         assert len(rows) == len(messages), name
         for row, m in zip(rows, messages, strict=True):
             core = m.raw
-            assert row["id"] == _message_id(core.id)
+            assert row["id"] == message_id(core.id)
             assert (row["body"], row["attempts"]) == (core.body, core.attempts)
             micros = row["timestamp"].timestamp() * 1e6
             assert abs(micros - core.timestamp // 1000) < 2  # microseconds, truncated
@@ -733,7 +748,7 @@ def test_a_tasks_rows_are_built_without_importing_pandas() -> None:
         import nsq_proto
         from types import SimpleNamespace
         from nsq_spark import SCHEMA
-        from nsq_spark._source import message_ids, record_batch
+        from nsq_spark._rows import message_ids, record_batch
 
         def stand_in(core, nsqd, partition):
             return SimpleNamespace(raw=core, id=core.id, nsqd_address=nsqd, partition=partition)
