@@ -2,9 +2,11 @@
 the async producer with as many tasks, in the same run.
 
     python benchmarks/blocking_publish.py --nsqd-tcp-address 127.0.0.1:4150 --threads 8
+    python benchmarks/blocking_publish.py --threads 200 --rtt 50 --count 20000
 
 Each thread (task) publishes one message at a time and waits for nsqd's OK, as a web server's
-worker threads do.  The last lines are ``blocking_msgs_per_s=`` and ``async_msgs_per_s=``.
+worker threads do.  ``--rtt MS`` puts the loopback delay proxy of ``rtt.py`` between both
+producers and nsqd.  The last lines are ``blocking_msgs_per_s=`` and ``async_msgs_per_s=``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 
 import anyio
+import rtt
 
 import nsq_anyio
 from nsq_anyio.blocking import Producer
@@ -64,10 +67,14 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=40_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--rtt", type=float, default=None, metavar="MS")
     args = parser.parse_args()
-    rate = blocking(args)
-    arate = anyio.run(asynchronous, args)
-    print(f"threads={args.threads} count={args.count} size={args.size}")
+    with rtt.through(args.nsqd_tcp_address, args.rtt) as address:
+        args.nsqd_tcp_address = address
+        rate = blocking(args)
+        arate = anyio.run(asynchronous, args)
+    delay = "" if args.rtt is None else f" rtt_ms={args.rtt:g}"
+    print(f"threads={args.threads} count={args.count} size={args.size}{delay}")
     print(f"blocking_msgs_per_s={rate:.1f}")
     print(f"async_msgs_per_s={arate:.1f}")
 

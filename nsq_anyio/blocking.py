@@ -21,9 +21,11 @@ once, over its pipelined connections.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack
+from functools import partial
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, Unpack
 
@@ -33,10 +35,13 @@ import nsq_client
 from nsq_client import Message as AsyncMessage
 from nsq_client._message import is_async_callable
 from nsq_client._options import chose_max_in_flight
+from nsq_client._producer import ThreadWaiter
+from nsq_client._telemetry import hooks as _telemetry
 from nsq_proto import (
     ErrorReceived,
     LocalProtocolError,
     LookupFailed,
+    PublishTimeout,
     TraceReceipt,
     parse_client_addresses,
 )
@@ -76,6 +81,8 @@ class _Runner(Generic[C]):
         self._stack: ExitStack | None = None
         self._portal: BlockingPortal | None = None
         self._client: C | None = None
+        #: asyncio's call_soon_threadsafe of the thread's loop (None on trio)
+        self.soon: Callable[[Callable[[], object]], object] | None = None
 
     def open(self) -> None:
         if self._stack is not None:
@@ -84,10 +91,12 @@ class _Runner(Generic[C]):
         try:
             portal = stack.enter_context(start_blocking_portal(self._backend))
             client = stack.enter_context(portal.wrap_async_context_manager(self._make()))
+            soon = portal.call(_call_soon_threadsafe) if self._backend == "asyncio" else None
         except BaseException:
             stack.close()
             raise
         self._stack, self._portal, self._client = stack, portal, client
+        self.soon = soon
 
     def close(
         self,
@@ -96,6 +105,7 @@ class _Runner(Generic[C]):
         tb: TracebackType | None,
     ) -> None:
         stack, self._stack, self._portal, self._client = self._stack, None, None, None
+        self.soon = None
         if stack is not None:
             stack.__exit__(exc_type, exc, tb)
 
@@ -116,6 +126,10 @@ class _Runner(Generic[C]):
         if portal is None:
             raise self._outside()
         return portal.call(func, *args)
+
+
+async def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
+    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 class _Blocking(Generic[C]):
@@ -173,6 +187,31 @@ class Producer(_Blocking[AsyncProducer]):
     ) -> TraceReceipt | None:
         """PUB (DPUB with ``delay``); returns once nsqd acknowledged it."""
         producer = self._client()
+        soon = self._runner.soon
+        if (
+            soon is not None
+            and delay is None
+            and partition is None
+            and sharding_key is None
+            and trace_id is None
+            and ext is None
+            and _telemetry.active is None
+        ):
+            # the everyday publish: queued from a callback of the loop, answered to this
+            # thread's lock (no task and no future per publish, one hop each way)
+            lock = threading.Lock()
+            lock.acquire()
+            waiter = ThreadWaiter(lock.release)
+            soon(partial(producer.publish_soon, topic, body, waiter))
+            # bounded: the core fails a publish at publish_timeout, and fails every publish
+            # when the producer closes
+            if not lock.acquire(timeout=producer.config.publish_timeout + 30.0):
+                raise PublishTimeout("no answer from the producer's event-loop thread")
+            if waiter.failure is not None:
+                raise waiter.failure
+            if waiter.error is not None:
+                raise waiter.error
+            return waiter.receipt
 
         async def publish() -> TraceReceipt | None:
             return await producer.publish(

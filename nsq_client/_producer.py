@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Unpack
 
 from nsq_proto import (
@@ -34,6 +34,27 @@ class _Waiter:
         self.done = done
         self.receipt: TraceReceipt | None = None
         self.error: NSQError | None = None
+
+
+class _Release:
+    __slots__ = ("set",)
+
+    def __init__(self, release: Callable[[], object]) -> None:
+        self.set = release
+
+
+class ThreadWaiter:
+    """A publish's answer for a thread that waits for it itself (:meth:`Producer.publish_soon`):
+    ``release`` is called from the event loop once the answer (or ``failure``) is in."""
+
+    __slots__ = ("done", "error", "failure", "receipt")
+
+    def __init__(self, release: Callable[[], object]) -> None:
+        self.done = _Release(release)
+        self.receipt: TraceReceipt | None = None
+        self.error: NSQError | None = None
+        #: what the call raised before it was queued (a bad topic or body, a closed producer)
+        self.failure: BaseException | None = None
 
 
 class Producer(ClientBase):
@@ -74,7 +95,7 @@ class Producer(ClientBase):
             self._on_event,
             min(self.config.write_timeout, self.config.publish_timeout),
         )
-        self._waiters: dict[int, _Waiter] = {}
+        self._waiters: dict[int, _Waiter | ThreadWaiter] = {}
         #: set once no publish waits (what :meth:`aclose` waits for; a publish's own event
         #: has its publisher as its one waiter)
         self._idle: EventLike | None = None
@@ -134,6 +155,21 @@ class Producer(ClientBase):
         if waiter.error is not None:
             raise waiter.error
         return waiter.receipt
+
+    def publish_soon(self, topic: str, body: bytes, waiter: ThreadWaiter) -> None:
+        """A plain PUB of ``body`` from a callback of the event loop, not a task: its answer
+        goes to ``waiter``.  For a thread that waits for the answer itself (the blocking
+        API), without a task per publish; the publish is the same as :meth:`publish`'s."""
+        try:
+            self._check_open()
+            rid = self._core.publish(topic, body, self._clock())
+        except Exception as exc:
+            waiter.failure = exc
+            waiter.done.set()
+            return
+        self._waiters[rid] = waiter
+        if not self._core.held_back:
+            self._runner.drain_soon()
 
     def _check_open(self) -> None:
         if self._closed or self._tg is None:

@@ -304,7 +304,7 @@ class _Reader:
         runner = self._runner
         try:
             runner.core.receive_data(link.conn_id, data, runner._clock())
-            runner._drain_now()
+            runner.drain_soon()
         except Exception as exc:
             # raised in the connection's task, as a read there would (not into the loop)
             self._failure = exc
@@ -531,7 +531,7 @@ class CoreRunner:
                 self._tg.start_soon(self._http, out)
         return None
 
-    def _drain_now(self) -> None:
+    def drain_soon(self) -> None:
         """Carry out the core's outputs without waiting, from a callback of the loop (a
         pushed read); wake the pump task when the core's next deadline moved before the one
         it sleeps until."""

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from nsq_anyio.blocking import Consumer, Producer
-from nsq_proto import ConnectionClosedError, LocalProtocolError
+from nsq_proto import ConnectionClosedError, InvalidName, LocalProtocolError, NSQError
 from tests.support.served import server
 
 __all__ = ["server"]
@@ -89,3 +89,81 @@ def test_is_starved_while_the_messages_nsqd_may_send_are_held(server: dict[str, 
         assert consumer.is_starved() is True  # the one message RDY allows is held
         message.finish()
         assert consumer.is_starved() is False
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_bad_publish_raises_in_its_own_thread_as_in_the_async_api(
+    server: dict[str, str], backend: str
+) -> None:
+    with Producer(nsqd_tcp_addresses=[server["nsqd TCP"]], backend=backend) as producer:
+        with pytest.raises(InvalidName):
+            producer.publish("bad!topic", b"x")
+        with pytest.raises(LocalProtocolError, match="non-empty bytes"):
+            producer.publish("t", b"")
+        with pytest.raises(LocalProtocolError, match="non-empty bytes"):
+            producer.publish("t", "text")  # type: ignore[arg-type]
+        producer.publish("t", b"good")  # the producer goes on
+
+
+class _Mute:
+    """A TCP server that accepts and reads, and never answers (an nsqd that hangs)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_threads_waiting_on_a_silent_nsqd_get_an_error_when_the_producer_closes(
+    backend: str,
+) -> None:
+    """Publishes from 20 threads wait for an nsqd that never answers; another thread closes
+    the producer: each gets an error (none hangs), within publish_timeout of the close."""
+    mute = _Mute()
+    try:
+        producer = Producer(
+            nsqd_tcp_addresses=[mute.address],
+            backend=backend,
+            publish_timeout=3.0,
+            handshake_timeout=30.0,
+        ).start()
+        outcome: list[BaseException | None] = []
+
+        def publish() -> None:
+            try:
+                producer.publish("t", b"x")
+                outcome.append(None)
+            except Exception as exc:
+                outcome.append(exc)
+
+        threads = [threading.Thread(target=publish) for _ in range(20)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        assert outcome == []  # all waiting
+        started = time.monotonic()
+        producer.close()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in threads)
+        assert len(outcome) == 20
+        assert all(isinstance(exc, NSQError) for exc in outcome), outcome
+        assert time.monotonic() - started < 20
+    finally:
+        mute.close()
