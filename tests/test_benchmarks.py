@@ -178,6 +178,21 @@ def test_the_latency_and_blocking_benchmarks_run_against_a_real_nsqd(nsqd: Nsqd)
     )
     figure(output, "blocking_msgs_per_s")
     figure(output, "async_msgs_per_s")
+    output = run(
+        str(BENCHMARKS / "blocking_publish.py"),
+        "--nsqd-tcp-address",
+        address,
+        "--count",
+        "200",
+        "--threads",
+        "20",
+        "--rtt",
+        "20",
+        "--topic",
+        "bench_blocking",
+    )
+    assert "threads=20 count=200 size=200 rtt_ms=20" in output, output
+    figure(output, "blocking_msgs_per_s")
 
 
 @pytest.mark.spark
