@@ -25,7 +25,7 @@ from nsq_anyio.blocking import Producer
 def blocking(args: argparse.Namespace) -> float:
     body = b"x" * args.size
     per_thread = args.count // args.threads
-    with Producer(nsqd_tcp_addresses=[args.nsqd_tcp_address]) as producer:
+    with Producer(nsqd_tcp_addresses=[args.nsqd_tcp_address], backend=args.backend) as producer:
         producer.publish(args.topic, body)  # connect and create the topic
 
         def work() -> None:
@@ -68,13 +68,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--rtt", type=float, default=None, metavar="MS")
+    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     args = parser.parse_args()
     with rtt.through(args.nsqd_tcp_address, args.rtt) as address:
         args.nsqd_tcp_address = address
         rate = blocking(args)
-        arate = anyio.run(asynchronous, args)
+        arate = anyio.run(asynchronous, args, backend=args.backend)
     delay = "" if args.rtt is None else f" rtt_ms={args.rtt:g}"
-    print(f"threads={args.threads} count={args.count} size={args.size}{delay}")
+    print(f"threads={args.threads} count={args.count} size={args.size}{delay} {args.backend}")
     print(f"blocking_msgs_per_s={rate:.1f}")
     print(f"async_msgs_per_s={arate:.1f}")
 

@@ -81,7 +81,7 @@ class _Runner(Generic[C]):
         self._stack: ExitStack | None = None
         self._portal: BlockingPortal | None = None
         self._client: C | None = None
-        #: asyncio's call_soon_threadsafe of the thread's loop (None on trio)
+        #: how another thread schedules a callback on the thread's loop
         self.soon: Callable[[Callable[[], object]], object] | None = None
 
     def open(self) -> None:
@@ -91,7 +91,7 @@ class _Runner(Generic[C]):
         try:
             portal = stack.enter_context(start_blocking_portal(self._backend))
             client = stack.enter_context(portal.wrap_async_context_manager(self._make()))
-            soon = portal.call(_call_soon_threadsafe) if self._backend == "asyncio" else None
+            soon = portal.call(_call_soon_threadsafe)
         except BaseException:
             stack.close()
             raise
@@ -129,7 +129,13 @@ class _Runner(Generic[C]):
 
 
 async def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
-    return asyncio.get_running_loop().call_soon_threadsafe
+    """How another thread schedules a callback on this thread's event loop."""
+    try:
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:  # trio's thread
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
 
 
 class _Blocking(Generic[C]):
