@@ -448,8 +448,7 @@ class Consumer:
                     out.append(MessageGivenUp(rec.conn_id, message, finish))
                     continue
                 held = in_flight.get(message.id)
-                repeats = rec.repeats
-                if repeats is not None and self._repeat(rec, repeats, held, message):
+                if rec.ordered and self._repeat(rec, held, message):
                     if planned is not None:
                         rdy.message_received(planned, now, False)
                     continue
@@ -485,12 +484,11 @@ class Consumer:
             else:
                 out.append(item)
 
-    def _repeat(
-        self, rec: _Conn, repeats: OrderedRepeats, held: Message | None, message: Message
-    ) -> bool:
+    def _repeat(self, rec: _Conn, held: Message | None, message: Message) -> bool:
         """Whether a delivery on an ordered connection is the server's repeat (not passed on);
         the FIN its part decides on is sent."""
-        repeat = repeats.delivered(held, message)
+        assert rec.repeats is not None  # (every ordered connection has its repeats)
+        repeat = rec.repeats.delivered(held, message)
         if repeat is Repeat.NONE:
             return False
         if repeat is Repeat.FIN:
@@ -593,17 +591,21 @@ class Consumer:
         had nothing to finish), as go-nsq does."""
         self._now = now
         rec = self._conns.get(conn_id)
-        if rec is not None and not rec.ordered and not rec.in_flight.copies:
-            # the common case: one delivery held, no ordered books to keep (the book's take,
-            # inline: this runs per message)
-            message = rec.in_flight.held.pop(msg_id, None)
+        if rec is not None and not rec.ordered and not (book := rec.in_flight).copies:
+            # the common case, per message: one delivery held, no ordered books to keep (the
+            # book's take and, while running, what follows an answer, inline)
+            message = book.held.pop(msg_id, None)
             if message is None:
                 raise not_in_flight(msg_id, conn_id)
             self.messages_finished += 1
             rec.conn._finish_delivered(msg_id)
+            rdy = self._rdy
             if attempts is None or attempts >= message.attempts:
-                self._rdy.success(now)
-            self._after_answer(rec, now)
+                rdy.success(now)
+            if self._life is not RUNNING:
+                self._after_answer(rec, now)
+            elif (planned := rec.planned) is not None:
+                rdy.answered(planned, now)
             return True
         taken = self._take(conn_id, msg_id, attempts)
         if taken is None:
