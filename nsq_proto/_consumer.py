@@ -112,8 +112,10 @@ class Consumer:
     """Consumer core of one ``topic``/``channel`` subscription (a :class:`ClientCore`).
 
     Composed of its connection table (ids, routing, the connections' deadlines), its lookupd
-    client (the HTTP calls), its RDY planner (RDY and backoff) and its reconnect scheduler;
-    it owns discovery, in-flight bookkeeping, ordered consumption and the graceful stop."""
+    client (the HTTP calls), its RDY planner (RDY and backoff), its reconnect scheduler, its
+    start positions and, per connection, an in-flight book and (ordered) a repeats part; it
+    owns discovery, ``max_attempts`` and the graceful stop, and carries out its parts'
+    decisions."""
 
     def __init__(
         self,
