@@ -120,21 +120,22 @@ def addresses(*, lookupd: bool = False, http_scheme: bool = False) -> Parser:
     return parse
 
 
+def _not_a_name(name: str, value: str, what: str) -> OptionError:
+    return OptionError(
+        f"option {name!r}: {value!r} is not a {what} name"
+        " (1 to 64 of a-z A-Z 0-9 . _ -, optionally ending in #ephemeral)"
+    )
+
+
 def topic(name: str, value: str) -> str:
     if not is_valid_topic_name(value):
-        raise OptionError(
-            f"option {name!r}: {value!r} is not a topic name (1 to 64 of a-z A-Z 0-9 . _ -,"
-            " optionally ending in #ephemeral)"
-        )
+        raise _not_a_name(name, value, "topic")
     return value
 
 
 def channel(name: str, value: str) -> str:
     if not is_valid_channel_name(value):
-        raise OptionError(
-            f"option {name!r}: {value!r} is not a channel name (1 to 64 of a-z A-Z 0-9 . _"
-            " -, optionally ending in #ephemeral)"
-        )
+        raise _not_a_name(name, value, "channel")
     return value
 
 

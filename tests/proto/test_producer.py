@@ -118,22 +118,33 @@ def mpub_count(data: bytes) -> int:
     return int.from_bytes(data[data.index(b"\n") + 5 : data.index(b"\n") + 9], "big")
 
 
-def test_across_a_long_round_trip_waiting_publishes_go_in_shares_before_the_flush() -> None:
-    # the producer waited 50 ms for nsqd with nothing to do: the callers it then runs go in
-    # MPUBs of 16 (at least 16, and a quarter of what is in flight), each as soon as it is
-    # gathered, while the connection keeps half its room (4 of 8); the rest at the flush
+def callers_after_a_wait(
+    waited: float, count: int = 200
+) -> tuple[Producer, int, float, list[tuple[int, bytes]]]:
+    """A publish answered after ``waited`` seconds in which the producer had nothing else to
+    do, then ``count`` callers publishing one each, 20 us apart (one pass of a driver over
+    its ready tasks): the core, its connection, the time of the last call, and what was
+    written during the pass (the index of the caller whose publish wrote it, the bytes)."""
     core, ids = started(["n1:4150"], max_outstanding=8)
     (c,) = ids.values()
     core.publish("t", b"first", 0.0)
     core.outputs()
-    core.receive_data(c, response(b"OK"), 0.050)
+    core.receive_data(c, response(b"OK"), waited)
     core.outputs()
-    now = 0.050
+    now = waited
     written: list[tuple[int, bytes]] = []
-    for i in range(200):
+    for i in range(count):
         now += 20e-6  # each caller's turn
         core.publish("t", b"%03d" % i, now)
         written += [(i, o.data) for o in core.outputs() if isinstance(o, Send)]
+    return core, c, now, written
+
+
+def test_across_a_long_round_trip_waiting_publishes_go_in_shares_before_the_flush() -> None:
+    # the producer waited 50 ms for nsqd with nothing to do: the callers it then runs go in
+    # MPUBs of 16 (at least 16, and a quarter of what is in flight), each as soon as it is
+    # gathered, while the connection keeps half its room (4 of 8); the rest at the flush
+    core, c, now, written = callers_after_a_wait(0.050)
     assert [(i, d.split(b" ")[0]) for i, d in written] == [
         (0, b"PUB"),  # alone, on the idle connection
         (16, b"MPUB"),
@@ -162,19 +173,8 @@ def test_across_a_long_round_trip_waiting_publishes_go_in_shares_before_the_flus
 def test_on_loopback_waiting_publishes_go_together_at_the_flush() -> None:
     # nsqd answered 0.1 ms after the producer's latest call: it is busy with its callers, not
     # waiting, so what they publish meanwhile goes as one MPUB at the flush (fewer commands)
-    core, ids = started(["n1:4150"], max_outstanding=8)
-    (c,) = ids.values()
-    core.publish("t", b"first", 0.0)
-    core.outputs()
-    core.receive_data(c, response(b"OK"), 0.0001)
-    core.outputs()
-    now = 0.0001
-    written = []
-    for i in range(200):
-        now += 20e-6
-        core.publish("t", b"%03d" % i, now)
-        written += [o.data for o in core.outputs() if isinstance(o, Send)]
-    assert written == [cmd.pub("t", b"000")]
+    core, _, now, written = callers_after_a_wait(0.0001)
+    assert [d for _, d in written] == [cmd.pub("t", b"000")]
     core.handle_timer(now)
     (rest,) = [o.data for o in core.outputs() if isinstance(o, Send)]
     assert rest == cmd.mpub("t", [b"%03d" % i for i in range(1, 200)])
