@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, NoReturn
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -72,6 +72,8 @@ class NSQReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     live: ClassVar[tuple[str, ...]] = ()
     #: the input partitions the reader plans
     partition_type: ClassVar[type[InputPartition]] = InputPartition
+    #: the rows of one of the reader's own partitions (each reader defines it)
+    read_rows: Callable[[Any], Iterator[pa.RecordBatch]]
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         self.options = options
@@ -95,10 +97,6 @@ class NSQReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not isinstance(partition, self.partition_type):
             raise TypeError(f"not a partition of the nsq source: {partition!r}")
         yield from self.read_rows(partition)
-
-    def read_rows(self, partition: Any) -> Iterator[pa.RecordBatch]:
-        """The rows of one of the reader's own partitions."""
-        raise NotImplementedError
 
 
 class RefusingStreamReader(DataSourceStreamReader):
