@@ -335,8 +335,9 @@ def bench_source(
     reader = reader.option("read_mode", args.read_mode)
     if http and args.read_mode == "executors":  # the driver's reader asks no HTTP API
         reader = reader.option("nsqd_http_addresses", http)
-    if args.num_partitions:
-        reader = reader.option("num_partitions", str(args.num_partitions))
+    if args.num_partitions:  # an exact count on the driver, a minimum on the executors
+        name = "num_partitions" if args.read_mode == "driver" else "min_partitions"
+        reader = reader.option(name, str(args.num_partitions))
     if args.lookupd_http_address:
         reader = reader.option("lookupd_http_addresses", args.lookupd_http_address)
     else:
@@ -345,8 +346,8 @@ def bench_source(
         reader = reader.option("max_in_flight", str(args.max_in_flight))
     if args.max_messages_per_trigger:
         reader = reader.option("max_messages_per_trigger", str(args.max_messages_per_trigger))
-    if args.max_messages_per_partition:
-        reader = reader.option("max_messages_per_partition", str(args.max_messages_per_partition))
+    if args.max_messages_per_task:
+        reader = reader.option("max_messages_per_task", str(args.max_messages_per_task))
     if args.max_bytes_per_trigger:
         reader = reader.option("max_bytes_per_trigger", str(args.max_bytes_per_trigger))
     return run_query(args, spark, reader.load(), "source", args.count)
@@ -488,14 +489,18 @@ def main() -> None:
         help="default: the source's (read_mode executors)",
     )
     parser.add_argument(
-        "--max-messages-per-partition",
+        "--max-messages-per-task",
         type=int,
         default=0,
         help="default: the source's (read_mode executors)",
     )
     parser.add_argument("--columns", default="all", help="all, or a comma-separated list")
     parser.add_argument(
-        "--num-partitions", type=int, default=0, help="Spark partitions (default: the source's)"
+        "--num-partitions",
+        type=int,
+        default=0,
+        help="Spark partitions: the source's num_partitions (read_mode driver) or "
+        "min_partitions (executors), the memory source's and the sink's (default: the source's)",
     )
     parser.add_argument("--warmup-batches", type=int, default=5)
     parser.add_argument(

@@ -357,10 +357,10 @@ class NSQExecutorStreamReader(NSQReader):
             depths,
             max_messages=max_messages,
             max_bytes=max_bytes,
-            per_partition=o.max_messages_per_partition,
-            min_partitions=o.num_partitions,
+            max_messages_per_task=o.max_messages_per_task,
+            min_partitions=o.min_partitions,
             sizes=self.planner.sizes,
-            max_partition_bytes=o.max_bytes_per_partition,
+            max_bytes_per_task=o.max_bytes_per_task,
             sources=self.planner.sources,
         )
         if not parts:

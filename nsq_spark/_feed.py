@@ -63,8 +63,8 @@ class Feed:
     #: numbered for a batch, not yet answered: ``numbered[i]`` has the number ``base + i``
     numbered: deque[_Held] = field(default_factory=deque)
     base: int = 0
-    #: the ranges [start, end) handed to Spark by ``partitions()`` and not yet answered
-    planned: list[tuple[int, int]] = field(default_factory=list)
+    #: the ranges [start, end) whose rows Spark read (``partitions()``), not yet answered
+    read_ranges: list[tuple[int, int]] = field(default_factory=list)
     #: received during an availableNow run but published after it began: never numbered
     later: list[_Held] = field(default_factory=list)
     available_now_cutoff_ns: int | None = None
@@ -298,7 +298,7 @@ class Feed:
         return [*self.numbered, *self.held, *self.later]
 
     def _take_before(self, seq: int) -> tuple[list[_Held], list[_Held]]:
-        """Take every message numbered below ``seq``: (planned, never planned)."""
+        """Take every message numbered below ``seq``: (read by Spark, never read)."""
         n = min(seq - self.base, len(self.numbered))
         if n <= 0:
             return [], []
@@ -307,31 +307,31 @@ class Feed:
         taken = [popleft() for _ in range(n)]
         self.base += n
         flags = bytearray(n)
-        for a, b in self.planned:
+        for a, b in self.read_ranges:
             lo, hi = max(a, first) - first, min(b, first + n) - first
             if lo < hi:
                 flags[lo:hi] = b"\x01" * (hi - lo)
-        self.planned = [(a, b) for a, b in self.planned if b > self.base]
+        self.read_ranges = [(a, b) for a, b in self.read_ranges if b > self.base]
         if all(flags):
             return taken, []
-        planned = [m for m, f in zip(taken, flags, strict=True) if f]
+        read = [m for m, f in zip(taken, flags, strict=True) if f]
         unread = [m for m, f in zip(taken, flags, strict=True) if not f]
-        return planned, unread
+        return read, unread
 
     async def finish_before(self, seq: int) -> int:
         """FIN every message numbered below ``seq`` (in the background: the batch is
         committed, nothing waits for the FINs); returns how many."""
-        planned, unread = self._take_before(seq)
+        read, unread = self._take_before(seq)
         if unread:
             # a message Spark never asked for is not processed: it goes back to nsqd
             log.warning("%d messages were committed but never read: requeued", len(unread))
             for message, _, _ in unread:
                 await self._answer(message, finish=False)
-        if planned:
-            self.finishing.extend(planned)
+        if read:
+            self.finishing.extend(read)
             assert self._finish_wanted is not None
             self._finish_wanted.set()
-        return len(planned) + len(unread)
+        return len(read) + len(unread)
 
     async def _finish_loop(self) -> None:
         while True:
@@ -402,24 +402,25 @@ class Feed:
         kind, amount = limit
         if self.available_now_cutoff_ns is not None:
             await self._wait_until_quiet(amount if kind == "rows" else None)
-        planned = self.next_seq - start
+        # numbered for the batch that begins at ``start`` already (Spark asked before)
+        already = self.next_seq - start
         held = self.held
-        if kind == "min_rows" and planned + len(held) < amount:
+        if kind == "min_rows" and already + len(held) < amount:
             return self.next_seq
         # a batch is bounded by max_bytes_per_trigger besides Spark's limit in rows
         rows, max_bytes = len(held), self.options.max_bytes_per_trigger
         if kind == "rows":
-            rows = max(0, min(amount - planned, len(held)))
+            rows = max(0, min(amount - already, len(held)))
         elif kind == "bytes":
             max_bytes = min(max_bytes, amount)
-        taken_bytes = sum(len(m.raw.body) for m, _, _ in self.numbered) if planned else 0
+        taken_bytes = sum(len(m.raw.body) for m, _, _ in self.numbered) if already else 0
         if rows == len(held) and taken_bytes + self.held_bytes <= max_bytes:
             take, size = rows, self.held_bytes
         else:  # count the bodies up to the limits (the first message goes whatever its size)
             take = size = 0
             for message, _, _ in itertools.islice(held, rows):
                 body = len(message.raw.body)
-                if planned + take > 0 and taken_bytes + size + body > max_bytes:
+                if already + take > 0 and taken_bytes + size + body > max_bytes:
                     break
                 take += 1
                 size += body
@@ -459,7 +460,7 @@ class Feed:
         lo, hi = max(start, self.base), min(end, self.next_seq)
         if lo >= hi:
             return []
-        self.planned.append((lo, hi))
+        self.read_ranges.append((lo, hi))
         offset = lo - self.base
         # (a deque's middle is slow to index: slice it)
         return [h[0] for h in itertools.islice(self.numbered, offset, offset + hi - lo)]

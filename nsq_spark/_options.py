@@ -169,14 +169,14 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
         "the largest micro-batch in bytes of message bodies",
     ),
     Option(
-        "max_bytes_per_partition",
+        "max_bytes_per_task",
         parse.integer(1),
         32 * 1024 * 1024,
         "the most bytes of message bodies one task consumes",
         _EXECUTORS,
     ),
     Option(
-        "max_messages_per_partition",
+        "max_messages_per_task",
         parse.integer(1),
         100_000,
         "the most messages one task consumes",
@@ -222,7 +222,20 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
         64,
         "connections to one nsqd when one cannot hold what is asked",
     ),
-    Option("num_partitions", parse.integer(1), 1, "Spark partitions per micro-batch"),
+    Option(
+        "num_partitions",
+        parse.integer(1),
+        1,
+        "Spark partitions per micro-batch (fewer when it has fewer messages)",
+        _DRIVER,
+    ),
+    Option(
+        "min_partitions",
+        parse.integer(1),
+        1,
+        "the fewest Spark partitions (tasks) of a micro-batch with messages enough",
+        _EXECUTORS,
+    ),
     Option("msg_timeout", parse.seconds(1.0), 60.0, "seconds; asked of nsqd in IDENTIFY"),
     Option(
         "max_msg_timeout",
@@ -368,8 +381,8 @@ class SourceOptions:
     nsqd_http_addresses: tuple[str, ...]
     staging_location: str | None
     max_bytes_per_trigger: int
-    max_bytes_per_partition: int
-    max_messages_per_partition: int
+    max_bytes_per_task: int
+    max_messages_per_task: int
     redelivery_window: float
     task_idle_timeout: float
     max_in_flight: int
@@ -377,6 +390,7 @@ class SourceOptions:
     max_messages_per_trigger: int
     max_connections_per_nsqd: int
     num_partitions: int
+    min_partitions: int
     msg_timeout: float
     max_msg_timeout: float
     max_attempts: int

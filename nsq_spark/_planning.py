@@ -189,24 +189,24 @@ def plan_batch(
     *,
     max_messages: int,
     max_bytes: int,
-    per_partition: int,
+    max_messages_per_task: int,
     min_partitions: int = 1,
     sizes: Mapping[str, float] | None = None,
-    max_partition_bytes: int | None = None,
+    max_bytes_per_task: int | None = None,
     sources: Mapping[str, tuple[str, int | None]] | None = None,
 ) -> list[Part]:
     """Split a batch of at most ``max_messages`` and ``max_bytes`` over the nsqd (or NSQ
     partitions: ``sources`` tells where each key reads) whose channel has ``depths[key]``
-    messages waiting: each nsqd gets its fair share (what one does
-    not need goes to the others), each partition at most ``per_partition`` messages and
-    ``max_partition_bytes`` bytes, and at least ``min_partitions`` partitions when there are
-    messages enough.
+    messages waiting into tasks (Spark input partitions): each nsqd gets its fair share (what
+    one does not need goes to the others), each task at most ``max_messages_per_task``
+    messages and ``max_bytes_per_task`` bytes, and at least ``min_partitions`` tasks when
+    there are messages enough.
 
     ``sizes[address]``, where known, is the mean body size of the topic on that nsqd: the
     batch then takes no more messages than ``max_bytes`` holds at those sizes, and an nsqd's
-    share is split into partitions of ``max_partition_bytes`` at most.  Whatever the sizes,
-    each partition's byte limit is its share of ``max_bytes`` (and at most
-    ``max_partition_bytes``): a task stops there."""
+    share is split into tasks of ``max_bytes_per_task`` at most.  Whatever the sizes, each
+    task's byte limit is its share of ``max_bytes`` (and at most ``max_bytes_per_task``): the
+    task stops there."""
     sizes = sizes or {}
     alloc: dict[str, int] = {}
     budget = max_messages
@@ -226,11 +226,11 @@ def plan_batch(
         return []
     tasks = {}
     for address, n in alloc.items():
-        count = -(-n // per_partition)
+        count = -(-n // max_messages_per_task)
         size = sizes.get(address, 0.0)
-        if max_partition_bytes is not None and size > 0:
+        if max_bytes_per_task is not None and size > 0:
             # as many tasks as it takes for each one's messages to fit at the mean size
-            fit = max(1, int(max_partition_bytes // size))
+            fit = max(1, int(max_bytes_per_task // size))
             count = max(count, -(-n // fit))
         tasks[address] = min(n, count)
     while sum(tasks.values()) < min_partitions:
@@ -244,8 +244,8 @@ def plan_batch(
         for j in range(tasks[address]):
             n = size + (1 if j < extra else 0)
             limit = max_bytes * n // total
-            if max_partition_bytes is not None:
-                limit = min(limit, max_partition_bytes)
+            if max_bytes_per_task is not None:
+                limit = min(limit, max_bytes_per_task)
             where = sources.get(address, (address, None)) if sources else (address, None)
             parts.append(Part(where[0], n, max(1, limit), where[1]))
     return parts

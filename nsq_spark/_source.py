@@ -2,15 +2,17 @@
 
 NSQ cannot replay, so an offset is a sequence counter of this reader, ``{"seq": N}``: the messages
 of a micro-batch are the ones numbered ``start <= seq < end``.  The reader lives on the driver, in
-the one Python process Spark keeps for the source while the query runs; it owns an
-``nsq_anyio.Consumer`` on an event loop in a background thread and holds every message until
-the batch that carries it has been committed by the sink:
+the one Python process Spark keeps for the source while the query runs; its feed runs the
+``nsq_anyio.Consumer`` instances of the channel (one, or several when ``max_in_flight`` is above
+what one connection per nsqd may hold: ``_feed.Feed``) on an event loop in a background thread,
+and holds every message until the batch that carries it has been committed by the sink:
 
 * ``latestOffset(start, limit)``: Spark asks past ``start`` only once the batch ending at
   ``start`` is committed, so everything numbered below ``start`` is FINished first; then up to
   ``limit`` held messages are numbered for the next batch.
-* ``partitions(start, end)``: the rows themselves travel in the input partitions, so executors
-  do no network I/O.
+* ``partitions(start, end)``: the rows themselves travel in the input partitions
+  (``num_partitions`` of them, or one per NSQ partition when ``ordered``), so executors do no
+  network I/O.
 * ``commit(end)``: FINishes everything below ``end`` again (idempotent; Spark sends it one
   trigger late).
 * held messages are TOUCHed in the background so that nsqd does not time them out while a batch

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> None:
     elif what == "read":
         nsqds, https, topic, tmp = rest
         columns = ["body", "id", "nsqd"]
-        rows = read_all(spark, nsqds, https, topic, tmp, columns, max_messages_per_partition=500)
+        rows = read_all(spark, nsqds, https, topic, tmp, columns, max_messages_per_task=500)
         print(json.dumps({"rows": [[bytes(r.body).decode(), r.id, r.nsqd] for r in rows]}))
     elif what == "errors":
         options = {

@@ -177,7 +177,7 @@ def test_available_now_ends_while_publishing_goes_on_and_loses_nothing(
             .option("channel", CHANNEL)
             .option("staging_location", str(tmp_path / "staging"))
             .option("max_messages_per_trigger", 200)
-            .option("num_partitions", 2)
+            .option("min_partitions", 2)
             .load()
             .select("body")
         )
@@ -271,7 +271,7 @@ def test_a_driver_killed_mid_batch_replays_the_batch_with_the_same_rows(
     options: dict[str, Any] = {
         "staging_location": staging,
         "max_messages_per_trigger": 150,
-        "num_partitions": 2,
+        "min_partitions": 2,
     }
     # each task waits once its rows are staged and FINished, before it writes them: the batch
     # is read, not yet committed, when the driver is killed

@@ -613,7 +613,7 @@ def test_large_bodies_are_bounded_by_bytes_with_the_default_options(
     heads = collections.Counter(r["head"] for b in batches for r in b)
     assert sorted(heads) == sorted(sent) and set(heads.values()) == {1}
     # 280 MB of bodies: batches of at most max_bytes_per_trigger (256 MiB) each, in tasks of
-    # at most max_bytes_per_partition (32 MiB)
+    # at most max_bytes_per_task (32 MiB)
     assert len(batches) >= 2 and max(len(b) for b in batches) <= (256 << 20) // size
     tasks = collections.Counter((i, r["task"]) for i, b in enumerate(batches) for r in b)
     assert max(tasks.values()) <= (32 << 20) // size, tasks

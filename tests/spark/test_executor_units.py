@@ -35,7 +35,7 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
     assert (o.read_mode, o.nsqd_http_addresses) == ("executors", ("a:2", "b:2"))
     limits = (o.max_messages_per_trigger, o.max_bytes_per_trigger)
     assert limits == (1_000_000, 256 << 20)
-    assert (o.max_messages_per_partition, o.max_bytes_per_partition) == (100_000, 32 << 20)
+    assert (o.max_messages_per_task, o.max_bytes_per_task) == (100_000, 32 << 20)
     assert parse_source_options({**base, "lookupd_http_addresses": "l:1"}).read_mode == "executors"
     reader = NSQDataSource({**base, "lookupd_http_addresses": "l:1"}).streamReader(SCHEMA)
     assert isinstance(reader, NSQExecutorStreamReader)
@@ -46,7 +46,7 @@ def test_executors_are_the_default_and_need_nsqds_http_addresses() -> None:
         ({"lookupd_http_addresses": "l:1", "ordered": "true"}, "'ordered' needs read_mode"),
         ({"lookupd_http_addresses": "l:1", "read_mode": "nowhere"}, "executors or driver"),
         ({"lookupd_http_addresses": "l:1", "max_bytes_per_trigger": "0"}, "at least 1"),
-        ({"lookupd_http_addresses": "l:1", "max_bytes_per_partition": "0"}, "at least 1"),
+        ({"lookupd_http_addresses": "l:1", "max_bytes_per_task": "0"}, "at least 1"),
     ]:
         with pytest.raises(OptionError, match=message):
             parse_source_options({**base, **options})
@@ -109,7 +109,7 @@ def plan_next(r: Any, start: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]
 def test_tasks_consume_stage_and_replay(emulator: Emulator, tmp_path: Path) -> None:
     topic, n = "exec-replay", 90
     emulator.publish(topic, [f"m{i:03d}".encode() for i in range(n)])
-    r = reader(emulator, topic, tmp_path, max_messages_per_trigger=40, num_partitions=2)
+    r = reader(emulator, topic, tmp_path, max_messages_per_trigger=40, min_partitions=2)
     start = r.initialOffset()
     seen: list[bytes] = []
     while True:
@@ -148,7 +148,7 @@ def test_available_now_plans_again_what_tasks_left_of_their_plan(
     bodies = [f"L{i:02d}".encode().ljust(1900, b"x") for i in range(30)]
     bodies += [f"S{i:02d}".encode().ljust(100, b"x") for i in range(30)]
     emulator.publish(topic, bodies)
-    r = reader(emulator, topic, tmp_path, max_bytes_per_partition=10_000)
+    r = reader(emulator, topic, tmp_path, max_bytes_per_task=10_000)
     start = r.initialOffset()
     r.prepareForTriggerAvailableNow()
     emulator.publish(topic, [b"after-the-start"] * 5)
@@ -271,7 +271,7 @@ def test_a_share_above_nsqds_max_rdy_count_is_taken_over_more_connections(
     # none before its rows are staged: a larger share opens more connections to the nsqd
     topic = "exec-max-rdy"
     emulator.publish(topic, [f"m{i:04d}".encode() for i in range(6000)])
-    r = reader(emulator, topic, tmp_path, max_messages_per_partition=6000, task_idle_timeout=20)
+    r = reader(emulator, topic, tmp_path, max_messages_per_task=6000, task_idle_timeout=20)
     start = r.initialOffset()
     _end, parts = plan_next(r, start)
     assert [p.part.messages for p in parts] == [6000]
@@ -294,7 +294,7 @@ def test_a_share_above_what_its_connections_may_hold_ends_there_without_waiting(
         emulator,
         topic,
         tmp_path,
-        max_messages_per_partition=6000,
+        max_messages_per_task=6000,
         max_connections_per_nsqd=2,
         task_idle_timeout=20,
     )
@@ -673,7 +673,11 @@ def test_the_partitioned_servers_stats_plan_each_partition_it_leads(
     assert planner.sizes == {"n:4150 partition 0": 1000.0, "n:4150 partition 1": 100.0}
     assert planner.counters == {"n:4150 partition 0": (9, 5), "n:4150 partition 1": (4, 4)}
     parts = plan_batch(
-        depths, max_messages=100, max_bytes=1 << 20, per_partition=100, sources=planner.sources
+        depths,
+        max_messages=100,
+        max_bytes=1 << 20,
+        max_messages_per_task=100,
+        sources=planner.sources,
     )
     assert sorted((p.address, p.partition, p.messages) for p in parts) == [
         ("n:4150", 0, 3),

@@ -51,7 +51,7 @@ def test_the_planning_module_imports_neither_pyspark_nor_pyarrow() -> None:
         import sys
         from nsq_spark import ConnectTimeout, OptionError
         from nsq_spark._planning import plan_batch, plan_of
-        parts = plan_batch({"a": 5}, max_messages=10, max_bytes=100, per_partition=10)
+        parts = plan_batch({"a": 5}, max_messages=10, max_bytes=100, max_messages_per_task=10)
         assert plan_of({"run": "r", "batch": 1, "parts": [["a", 5, 100]]})[2] == parts
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("pyspark", "pyarrow"))
         print(loaded)
@@ -184,12 +184,12 @@ def test_a_plan_goes_through_the_offset_log_unchanged() -> None:
 
 def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
     def plan(depths: dict[str, int], **limits: int) -> list[tuple[str, int, int]]:
-        o = {"max_messages": 100, "max_bytes": 1000, "per_partition": 2500, **limits}
+        o = {"max_messages": 100, "max_bytes": 1000, "max_messages_per_task": 2500, **limits}
         parts = plan_batch(
             depths,
             max_messages=o["max_messages"],
             max_bytes=o["max_bytes"],
-            per_partition=o["per_partition"],
+            max_messages_per_task=o["max_messages_per_task"],
             min_partitions=o.get("min_partitions", 1),
         )
         return [(p.address, p.messages, p.bytes) for p in parts]
@@ -199,8 +199,12 @@ def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
     # what one nsqd does not need goes to the other
     assert plan({"a": 10, "b": 500}) == [("a", 10, 100), ("b", 90, 900)]
     assert plan({"a": 500, "b": 500}) == [("a", 50, 500), ("b", 50, 500)]
-    # a task holds at most per_partition messages (nsqd's --max-rdy-count)
-    assert plan({"a": 500}, per_partition=40) == [("a", 34, 340), ("a", 33, 330), ("a", 33, 330)]
+    # a task holds at most max_messages_per_task messages (nsqd's --max-rdy-count)
+    assert plan({"a": 500}, max_messages_per_task=40) == [
+        ("a", 34, 340),
+        ("a", 33, 330),
+        ("a", 33, 330),
+    ]
     # at least min_partitions tasks, if there are messages enough
     assert plan({"a": 3}, min_partitions=4) == [("a", 1, 333), ("a", 1, 333), ("a", 1, 333)]
     # every nsqd with messages gets at least one, even over a tiny limit
@@ -212,14 +216,14 @@ def test_a_batch_is_split_fairly_and_bounded_in_messages_and_bytes() -> None:
 
 def test_the_mean_body_size_bounds_a_batchs_messages_and_splits_it_into_tasks_by_bytes() -> None:
     def plan(depths: dict[str, int], sizes: dict[str, float], **limits: int) -> list[Part]:
-        o = {"max_messages": 1000, "max_bytes": 100_000, "per_partition": 500, **limits}
+        o = {"max_messages": 1000, "max_bytes": 100_000, "max_messages_per_task": 500, **limits}
         return plan_batch(
             depths,
             max_messages=o["max_messages"],
             max_bytes=o["max_bytes"],
-            per_partition=o["per_partition"],
+            max_messages_per_task=o["max_messages_per_task"],
             sizes=sizes,
-            max_partition_bytes=o.get("max_partition_bytes"),
+            max_bytes_per_task=o.get("max_bytes_per_task"),
         )
 
     # 1,000 messages of 1,000 bytes do not fit 100,000 bytes: 100 of them do
@@ -229,11 +233,11 @@ def test_the_mean_body_size_bounds_a_batchs_messages_and_splits_it_into_tasks_by
     parts = plan({"a": 5000, "b": 5000}, {"a": 100.0, "b": 1000.0})
     assert {p.address for p in parts} == {"a", "b"}
     assert sum(p.messages * (100 if p.address == "a" else 1000) for p in parts) <= 100_000
-    # tasks of at most max_partition_bytes: 100 messages of 1,000 bytes in 4 of 25,000
-    parts = plan({"a": 5000}, {"a": 1000.0}, max_partition_bytes=25_000)
+    # tasks of at most max_bytes_per_task: 100 messages of 1,000 bytes in 4 of 25,000
+    parts = plan({"a": 5000}, {"a": 1000.0}, max_bytes_per_task=25_000)
     assert [(p.messages, p.bytes) for p in parts] == [(25, 25_000)] * 4
     # without a known size the tasks are split by messages, each still capped in bytes
-    parts = plan({"a": 5000}, {}, max_partition_bytes=25_000)
+    parts = plan({"a": 5000}, {}, max_bytes_per_task=25_000)
     assert [(p.messages, p.bytes) for p in parts] == [(500, 25_000)] * 2
     # small messages: the message limits decide, as without sizes
     assert plan({"a": 5000}, {"a": 10.0}) == plan({"a": 5000}, {})
@@ -246,8 +250,8 @@ def test_the_mean_body_size_bounds_a_batchs_messages_and_splits_it_into_tasks_by
         {"a": 200_000.0},
         max_messages=1_000_000,
         max_bytes=256 << 20,
-        per_partition=100_000,
-        max_partition_bytes=32 << 20,
+        max_messages_per_task=100_000,
+        max_bytes_per_task=32 << 20,
     )
     assert sum(p.messages for p in parts) == (256 << 20) // 200_000
     assert all(p.messages * 200_000 <= p.bytes for p in parts), parts

@@ -72,7 +72,7 @@ def test_stream_into_parquet_delivers_every_message(
     topic, n = "into-parquet", 300
     sent = bodies(n)
     emulator.publish(topic, sent)
-    df = source(spark, emulator, topic, maxMessagesPerTrigger=40, numPartitions=2)
+    df = source(spark, emulator, topic, maxMessagesPerTrigger=40, minPartitions=2)
     out = tmp_path / "out"
     query = (
         df.writeStream.format("parquet")

@@ -496,8 +496,9 @@ def test_an_option_of_the_other_read_mode_is_refused_in_either_mode() -> None:
     executors = {**base, "nsqd_http_addresses": "127.0.0.1:4151"}
     for name, value in [
         ("staging_location", "/tmp/staged"),
-        ("max_messages_per_partition", "10"),
-        ("max_bytes_per_partition", "10"),
+        ("max_messages_per_task", "10"),
+        ("max_bytes_per_task", "10"),
+        ("min_partitions", "2"),
         ("task_idle_timeout", "2"),
         ("redelivery_window", "60"),
     ]:
@@ -508,6 +509,7 @@ def test_an_option_of_the_other_read_mode_is_refused_in_either_mode() -> None:
         parse_source_options({**executors, "read_mode": "driver"})
     for name, value in [
         ("max_in_flight", "10"),
+        ("num_partitions", "2"),
         ("max_msg_timeout", "100"),
         ("available_now_idle_timeout", "1"),
     ]:
