@@ -630,8 +630,10 @@ class Connection:
         check_command(self.state, Command.ANSWER)
         self._send(cmd.fin(msg_id))
 
-    def _finish_delivered(self, msg_id: bytes) -> None:
-        """FIN of an id this connection delivered (so a valid one): the consumer's hot path."""
+    def finish_delivered(self, msg_id: bytes) -> None:
+        """FIN of an id this connection delivered, which the caller's book still held (so a
+        valid id): :meth:`finish` without the id's check, for the consumer's per-message path.
+        The state is checked as :meth:`finish` checks it."""
         if self.state not in CAN_ANSWER:
             check_command(self.state, Command.ANSWER)
         wbuf = self._wbuf  # three appends: no temporary bytes

@@ -1,12 +1,13 @@
 """The consumer core: every connection of one topic/channel subscription, without I/O.
 
-It owns discovery (a fixed nsqd list with reconnect backoff, or lookupd polling), the
-connections (one :class:`Connection` each), max_attempts and the graceful stop, and wires its
-parts, each keeping its own books: RDY and backoff (:class:`~._rdy.RdyPlanner`, whose RDY
-decisions the consumer writes), each connection's in-flight book (:class:`~._in_flight.InFlight`)
-and, on ordered connections, its repeats (:class:`~._ordered.OrderedRepeats`), the partitions'
-start positions (:class:`~._start_positions.StartPositions`) and its own life
-(:class:`~._lifecycle.Lifecycle`).
+It owns the connections (one :class:`Connection` each) and ``max_attempts``, and wires its
+parts, each keeping its own books: which nsqd to connect to (:class:`~._discovery.Discovery`:
+the fixed list, lookups, reconnects and rechecks), RDY and backoff
+(:class:`~._rdy.RdyPlanner`, whose RDY decisions the consumer writes), each connection's
+in-flight book (:class:`~._in_flight.InFlight`, which also groups the bulk answers) and, on
+ordered connections, its repeats (:class:`~._ordered.OrderedRepeats`), the partitions' start
+positions (:class:`~._start_positions.StartPositions`), the graceful stop
+(:class:`~._stopping.StopProcedure`) and its own life (:class:`~._lifecycle.Lifecycle`).
 Like the connection it is driven by transport events, application calls and timers, each taking
 ``now``, and it speaks through one ordered output queue.
 
@@ -19,12 +20,12 @@ import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
 
 from ._config import ConfigError, ConsumerConfig, parse_client_addresses
 from ._connection import Connection
 from ._core import ConnectionTable, ReconnectScheduler, parse_address
-from ._errors import LocalProtocolError, LookupdError
+from ._discovery import Discovery
+from ._errors import LookupdError
 from ._events import (
     CloseWaitReceived,
     ConnectionClosed,
@@ -39,7 +40,7 @@ from ._events import (
     Stopped,
 )
 from ._features import DEFAULT_MAX_RDY_COUNT
-from ._in_flight import InFlight, not_in_flight
+from ._in_flight import Answer, InFlight, newest_many, not_in_flight, take_many
 from ._lifecycle import (
     NEW,
     REQUEUEING,
@@ -60,22 +61,17 @@ from ._lookupd_client import (
     LookupdsLearned,
     NsqdAnswered,
 )
-from ._lookupd_schedule import PollSchedule
 from ._message import Message
 from ._names import check_channel, check_topic
 from ._ordered import OrderedRepeats, Repeat
 from ._outputs import Connect, Output
-from ._partitioned import TOPOLOGY_CHANGED
 from ._rdy import ConnRdy, RdyPlanner
 from ._start_positions import StartDecision, StartPositions
-from ._state import CAN_ANSWER, CAN_RDY, CLOSING_STATES, ConnectionState
+from ._state import CAN_ANSWER, CAN_RDY
+from ._stopping import REQUEUE_GRACE, Step, StopProcedure, closes_now, left_to_answer
 from ._timers import TimerKind, Timers
 
-__all__ = ["ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
-
-#: the longest a consumer that can answer nothing more (cancelled) waits for nsqd to confirm
-#: its CLS, requeueing what still arrives, before it closes its connections anyway
-REQUEUE_GRACE: Final = 1.0
+__all__ = ["REQUEUE_GRACE", "ConsumerConfig", "Consumer", "ConnectionStats", "parse_address"]
 
 
 @dataclass(slots=True)
@@ -98,6 +94,11 @@ class _Conn:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionStats:
+    """One connection of a consumer, as it stood when asked: its state (a
+    :class:`ConnectionState` value), its RDY, the messages the application holds of it, when
+    its latest message arrived (``now`` of that call; 0.0 before any), the nsqd it is to and
+    the partition it consumes (None outside a partitioned topic)."""
+
     conn_id: ConnId
     key: str
     state: str
@@ -111,11 +112,11 @@ class ConnectionStats:
 class Consumer:
     """Consumer core of one ``topic``/``channel`` subscription (a :class:`ClientCore`).
 
-    Composed of its connection table (ids, routing, the connections' deadlines), its lookupd
-    client (the HTTP calls), its RDY planner (RDY and backoff), its reconnect scheduler, its
-    start positions and, per connection, an in-flight book and (ordered) a repeats part; it
-    owns discovery, ``max_attempts`` and the graceful stop, and carries out its parts'
-    decisions."""
+    Composed of its connection table (ids, routing, the connections' deadlines), its
+    discovery (targets, reconnects, lookupd polls), its lookupd client (the HTTP calls), its
+    RDY planner (RDY and backoff), its start positions, its stop procedure and, per
+    connection, an in-flight book and (ordered) a repeats part; it owns ``max_attempts``,
+    and carries out its parts' decisions."""
 
     def __init__(
         self,
@@ -152,21 +153,15 @@ class Consumer:
             send=self._outputs.append,
         )
         self._starts = StartPositions(self.topic, self.channel, cfg, self._lookupd)
-        if cfg.ordered and self._nsqd and not lookupd and not cfg.partitions:
-            # SUB_ORDERED names a partition: without lookupd to learn them, say which
-            raise ConfigError(
-                "ordered=True with nsqd_tcp_addresses needs partitions=[...] "
-                "(or lookupd_http_addresses, to learn the topic's partitions)"
-            )
-        self._by_key: dict[str, ConnId] = {}
-        self._polls = PollSchedule(
-            self._rng,
-            self._timers,
-            enabled=bool(lookupd),
-            interval=cfg.lookupd_poll_interval,
-            jitter=cfg.lookupd_poll_jitter,
-            recheck_delay=cfg.lookupd_recheck_delay,
+        self._discovery = Discovery(
+            cfg,
+            self._nsqd,
+            lookupd=bool(lookupd),
+            rng=self._rng,
+            timers=self._timers,
+            reconnects=self._reconnects,
         )
+        self._stop = StopProcedure(self._timers, cfg.stop_timeout)
         self._rdy = RdyPlanner(
             self._rng,
             send_rdy=self._send_rdy,
@@ -179,9 +174,6 @@ class Consumer:
             low_rdy_timeout=cfg.low_rdy_timeout,
             rdy_redistribute_interval=cfg.rdy_redistribute_interval,
         )
-        self._ordered_required = cfg.ordered
-        #: the latest lookup said the topic is extended
-        self._extend_support = False
         self.messages_received = 0
         self.messages_finished = 0
         self.messages_requeued = 0
@@ -235,7 +227,7 @@ class Consumer:
         if kind is TimerKind.LOOKUPD_POLL:
             self._poll(now)
         elif kind is TimerKind.LOOKUPD_RECHECK:
-            if self._polls.recheck_due(now, self._by_key):  # (never once stopping)
+            if self._discovery.recheck_due(now):  # (never once stopping)
                 self._query_lookupd(now)
         elif kind is TimerKind.HTTP_TIMEOUT:
             assert isinstance(arg, int)
@@ -288,7 +280,7 @@ class Consumer:
         if isinstance(answer, LookupAnswered):
             self._apply_lookup(answer.address, answer.result, now)
         elif isinstance(answer, LookupdsLearned):
-            self._polls.poll_within(now)
+            self._discovery.poll_within(now)
         elif isinstance(answer, LookupdFailed):
             self._outputs.append(LookupFailed(answer.address, answer.error))
         elif isinstance(answer, NsqdAnswered):
@@ -302,7 +294,7 @@ class Consumer:
         self._outputs.append(decision)
         if isinstance(decision, StartFromApplied):
             # the position is set: consume from the partition now
-            extend = self._extend_support
+            extend = self._discovery.extend_support
             self._connect(decision.address, decision.partition, now, extend_support=extend)
 
     # ------------------------------------------------------------------ start and discovery
@@ -311,10 +303,8 @@ class Consumer:
         """Connect to the fixed nsqd list and/or send the first lookupd poll."""
         self._now = now
         self._life = after_start(self._life)
-        for address in self._nsqd:
-            # partitioned server without lookupd: one connection per configured partition
-            for partition in self.config.partitions or (None,):
-                self._connect(address, partition, now)
+        for target in self._discovery.fixed_targets():
+            self._connect(target.address, target.partition, now)
         if self._lookupd.addresses:
             self._poll(now)
         self._rdy.start(now)
@@ -323,45 +313,29 @@ class Consumer:
         if is_stopping(self._life):
             return
         self._query_lookupd(now)
-        self._polls.polled(now)
+        self._discovery.polled(now)
 
     def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
         """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
         self._now = now
-        self._polls.poll_within(now, delay)  # (nothing once stopping)
+        self._discovery.poll_within(now, delay)  # (nothing once stopping)
 
     def _query_lookupd(self, now: float) -> None:
         self._lookupd.lookup(self.topic, "r", now)
         self._lookupd.refresh_cluster(now)
 
     def _apply_lookup(self, address: tuple[str, int], result: LookupResult, now: float) -> None:
-        keys: list[str] = []
         if is_stopping(self._life):
             return
-        meta = result.meta
-        if meta is not None and meta.ordered:
-            self._ordered_required = True
-        self._extend_support = bool(meta and meta.extend_support)
-        wanted = self.config.partitions
-        partition_addresses = set()
-        for pid, peer in sorted(result.partitions.items()):
-            partition_addresses.add(peer.key)
-            if wanted is not None and pid not in wanted:
-                continue
-            keys.append(f"{peer.key}-{pid}")
-            if self._starts.pending(pid):
-                self._starts.seek(peer, pid, now)  # connects once the position is set
-                continue
-            self._connect(peer.address, pid, now, extend_support=bool(meta and meta.extend_support))
-        for peer in result.producers:
-            if peer.key in partition_addresses:
-                continue
-            if wanted is not None:
-                continue  # partition-pinned consumers skip nodes without partitions
-            keys.append(peer.key)
-            self._connect(peer.address, None, now)
-        self._polls.lookup_answered(bool(keys or self._by_key), now)
-        self._outputs.append(LookupSucceeded(address, tuple(keys), result.topic_found))
+        plan = self._discovery.lookup(result, now)
+        starts = self._starts
+        for target in plan.targets:
+            pid, leader = target.partition, target.leader
+            if pid is not None and leader is not None and starts.pending(pid):
+                starts.seek(leader, pid, now)  # connects once the position is set
+            else:
+                self._connect(target.address, pid, now, extend_support=target.extend_support)
+        self._outputs.append(LookupSucceeded(address, plan.keys, result.topic_found))
 
     # ------------------------------------------------------------------ connections
 
@@ -375,19 +349,20 @@ class Consumer:
     ) -> None:
         if is_stopping(self._life):
             return
-        key = f"{address[0]}:{address[1]}" + ("" if partition is None else f"-{partition}")
-        if key in self._by_key:
+        discovery = self._discovery
+        key = discovery.wanted(address, partition)
+        if key is None:
             return
         conn_id = self._table.new_id()
         config = self.config.connection_config(
             extend_support=extend_support or self.config.extend_support
         )
-        ordered = self._ordered_required and partition is not None
+        ordered = discovery.ordered(partition)
         conn = Connection(config, conn_id, address=address)
         repeats = OrderedRepeats() if ordered else None
         rec = _Conn(conn_id, conn, key, address, partition, ordered, InFlight(conn_id), repeats)
         self._table.add(conn_id, rec)
-        self._by_key[key] = conn_id
+        discovery.connecting(key, conn_id)
         self._outputs.append(Connect(conn_id, address[0], address[1], self.config.dial_timeout))
 
     def _drain(self, rec: _Conn, now: float) -> None:
@@ -402,11 +377,7 @@ class Consumer:
                 # closing or closed (its events are in ``items``): no more RDY on it
                 rdy.connection_closing(rec.conn_id)
             self._drain_items(rec, conn, items, out, rdy, max_attempts, now)
-            if (
-                self._life is REQUEUEING
-                and conn.state is ConnectionState.CLOSE_WAIT
-                and not rec.in_flight.held
-            ):
+            if self._life is REQUEUEING and closes_now(conn.state, len(rec.in_flight.held)):
                 # nsqd may write a message it took before our CLS right after its CLOSE_WAIT:
                 # closed once what this read carried is requeued
                 conn.close("consumer stopped")
@@ -478,10 +449,10 @@ class Consumer:
                 ):
                     continue  # the answer to the FIN of a repeat, as expected
                 out.append(item)
-                self._on_error(rec, item, now)
+                self._discovery.nsqd_error(item.code, now)
             elif isinstance(item, CloseWaitReceived):
                 out.append(item)
-                if self._life is STOPPING and not rec.in_flight.held:
+                if self._life is STOPPING and not rec.in_flight.held:  # (at its CLOSE_WAIT)
                     conn.close("consumer stopped")
             else:
                 out.append(item)
@@ -500,7 +471,7 @@ class Consumer:
 
     def _on_ready(self, rec: _Conn, now: float) -> None:
         rec.ready_at = now
-        self._reconnects.connected((rec.address, rec.partition))
+        self._discovery.connected(rec.address, rec.partition)
         if is_stopping(self._life):
             rec.conn.close("consumer stopping")
             return
@@ -515,31 +486,17 @@ class Consumer:
             ),
         )
 
-    def _on_error(self, rec: _Conn, event: ErrorReceived, now: float) -> None:
-        if event.code == "E_SUB_ORDER_IS_MUST":
-            self._ordered_required = True
-        if event.code in TOPOLOGY_CHANGED or event.code == "E_SUB_ORDER_IS_MUST":
-            # go-nsq: drop that (address, partition) and look the topic up again about 1 s later
-            self._polls.poll_within(now, 1.0)
-
     def _on_closed(self, rec: _Conn, event: ConnectionClosed, now: float) -> None:
         self._table.remove(rec.conn_id)
-        if self._by_key.get(rec.key) == rec.conn_id:
-            del self._by_key[rec.key]
+        self._discovery.lost(rec.key, rec.conn_id)
         # its RDY goes to the others (nothing is sent once stopping)
         self._rdy.connection_closed(rec.conn_id, now)
         # messages still held by the application come back from nsqd after msg_timeout
         rec.in_flight.drop_all()
         if is_stopping(self._life):
             self._check_stopped(now)
-            return
-        if self._lookupd.addresses and rec.address not in self._nsqd:
-            # the guide: with lookupd, reconnect only if lookupd still lists it; go-nsq asks
-            # lookupd again right after a close rather than waiting for the next poll
-            self._polls.connection_lost(rec.key, now)
-        elif rec.address in self._nsqd:
-            target = (rec.address, rec.partition)
-            self._timers.set((TimerKind.RECONNECT, target), now + self._reconnects.delay(target))
+        else:
+            self._discovery.replace(rec.key, rec.address, rec.partition, now)
 
     # ------------------------------------------------------------------ RDY and backoff
     # (decided by the RdyPlanner of _rdy.py; the consumer tells it what happened)
@@ -600,7 +557,7 @@ class Consumer:
             if message is None:
                 raise not_in_flight(msg_id, conn_id)
             self.messages_finished += 1
-            rec.conn._finish_delivered(msg_id)
+            rec.conn.finish_delivered(msg_id)
             rdy = self._rdy
             if attempts is None or attempts >= message.attempts:
                 rdy.success(now)
@@ -614,7 +571,7 @@ class Consumer:
             return False
         rec, _, stale = taken
         self.messages_finished += 1
-        rec.conn._finish_delivered(msg_id)
+        rec.conn.finish_delivered(msg_id)
         if rec.repeats is not None and rec.repeats.finished(msg_id):
             rec.conn.finish(msg_id)  # the server's repeat of it, which it waits for too
         if not stale:
@@ -622,49 +579,24 @@ class Consumer:
         self._after_answer(rec, now)
         return True
 
-    def finish_many(self, messages: Iterable[tuple[ConnId, bytes, int | None]], now: float) -> int:
+    def finish_many(self, messages: Iterable[Answer], now: float) -> int:
         """FIN each ``(conn_id, msg_id, attempts)``, as :meth:`finish` would, with one write
         and one RDY decision per connection.  Returns how many FINs were sent: messages of a
         connection that is gone are skipped (nsqd will redeliver them).  A message that is
         not in flight raises :class:`LocalProtocolError`, after the others were finished."""
         self._now = now
-        conns = self._conns
-        bulk: dict[ConnId, tuple[_Conn, list[bytes]]] = {}
-        fresh = False
-        sent = 0
-        error: LocalProtocolError | None = None
-        for conn_id, msg_id, attempts in messages:
-            rec = conns.get(conn_id)
-            if rec is None:
-                continue
-            book = rec.in_flight
-            if rec.ordered or book.copies:
-                # the books of ordered connections and of repeated deliveries: one by one
-                try:
-                    sent += self.finish(conn_id, msg_id, now, attempts=attempts)
-                except LocalProtocolError as exc:
-                    error = error or exc
-                continue
-            message = book.held.pop(msg_id, None)  # the book's take, inline
-            if message is None:
-                error = error or not_in_flight(msg_id, conn_id)
-                continue
-            entry = bulk.get(conn_id)
-            if entry is None:
-                entry = bulk[conn_id] = (rec, [])
-            entry[1].append(msg_id)
-            fresh = fresh or attempts is None or attempts >= message.attempts
-            sent += 1
-        for rec, ids in bulk.values():
+        bulk = take_many(self._conns, messages, lambda c, m, a: self.finish(c, m, now, attempts=a))
+        groups = bulk.groups.values()
+        for rec, ids in groups:
             rec.conn.finish_many(ids)
             self.messages_finished += len(ids)
-        if fresh:
+        if bulk.fresh:
             self._rdy.success(now)
-        for rec, _ in bulk.values():
+        for rec, _ in groups:
             self._after_answer(rec, now)
-        if error is not None:
-            raise error
-        return sent
+        if bulk.error is not None:
+            raise bulk.error
+        return bulk.sent
 
     def requeue(
         self,
@@ -720,48 +652,32 @@ class Consumer:
             rec.conn.touch(msg_id)
         return True
 
-    def touch_many(self, messages: Iterable[tuple[ConnId, bytes, int | None]], now: float) -> int:
+    def touch_many(self, messages: Iterable[Answer], now: float) -> int:
         """TOUCH each ``(conn_id, msg_id, attempts)``, as :meth:`touch` would, with one write
         per connection.  Returns how many TOUCHes were sent: messages of a connection that is
         gone, and older copies, are skipped.  A message that is not in flight raises
         :class:`LocalProtocolError`, after the others were touched."""
         self._now = now
-        conns = self._conns
-        bulk: dict[ConnId, tuple[_Conn, list[bytes]]] = {}
-        error: LocalProtocolError | None = None
-        sent = 0
-        for conn_id, msg_id, attempts in messages:
-            rec = conns.get(conn_id)
-            if rec is None:
-                continue
-            try:
-                if not rec.in_flight.newest(msg_id, attempts):
-                    continue  # an older copy: the newer delivery is the application's
-            except LocalProtocolError as exc:
-                error = error or exc
-                continue
-            entry = bulk.get(conn_id)
-            if entry is None:
-                entry = bulk[conn_id] = (rec, [])
-            entry[1].append(msg_id)
-            sent += 1
-        for rec, ids in bulk.values():
+        bulk = newest_many(self._conns, messages)
+        for rec, ids in bulk.groups.values():
             rec.conn.touch_many(ids)
-        if error is not None:
-            raise error
-        return sent
+        if bulk.error is not None:
+            raise bulk.error
+        return bulk.sent
 
     def _after_answer(self, rec: _Conn, now: float) -> None:
         if self._life is RUNNING:
             if rec.planned is not None:
                 self._rdy.answered(rec.planned, now)
-        elif rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight.held:
+        elif closes_now(rec.conn.state, len(rec.in_flight.held)):
             rec.conn.close("consumer stopped")
             self._drain(rec, now)
         # the commands wait in the connection's buffer: the next outputs() call sends every
         # answer given since in one write
 
     def in_flight(self, conn_id: ConnId) -> Sequence[Message]:
+        """The messages of the connection the application holds (the newest delivery of each,
+        in the order first delivered); empty once the connection is gone."""
         rec = self._conns.get(conn_id)
         return rec.in_flight.messages() if rec is not None else ()
 
@@ -785,19 +701,12 @@ class Consumer:
                 self._requeue_unanswered(now)
             return
         self._life = after_stop(self._life, False)
-        self._polls.stop()
-        self._timers.cancel_kind(TimerKind.RECONNECT)
+        self._discovery.stop()
         self._rdy.stop()
         for answer in self._lookupd.cancel_all(LookupdError("consumer stopping")):
             self._on_http_answer(answer, now)
-        for rec in list(self._conns.values()):
-            state = rec.conn.state
-            if state in CAN_RDY:
-                rec.conn.start_close()
-            elif state not in CLOSING_STATES:
-                rec.conn.close("consumer stopping")
-            self._drain(rec, now)
-        self._timers.set((TimerKind.STOP_TIMEOUT, None), now + self.config.stop_timeout)
+        self._leave_all(Step.STOP, now)
+        self._stop.begin(now)
         if requeue_unanswered:
             self._requeue_unanswered(now)
         self._check_stopped(now)
@@ -806,44 +715,41 @@ class Consumer:
         """REQ every unanswered message now and every one still arriving; a connection
         closes on CLOSE_WAIT (or at once when it is not waiting for one)."""
         self._life = after_stop(self._life, True)
-        key = (TimerKind.STOP_TIMEOUT, None)
-        deadline = now + min(self.config.stop_timeout, REQUEUE_GRACE)
-        current = self._timers.deadline(key)
-        if current is None or deadline < current:
-            self._timers.set(key, deadline)
-        for rec in list(self._conns.values()):
-            self._requeue_held(rec)
-            if rec.conn.state is not ConnectionState.CLOSING:
-                rec.conn.close("consumer stopped")
-            self._drain(rec, now)
+        self._stop.hurry(now)
+        self._leave_all(Step.REQUEUE, now)
         self._check_stopped(now)
 
     def _stop_timeout(self, now: float) -> None:
-        for rec in list(self._conns.values()):
-            self._requeue_held(rec)
-            rec.conn.close("stop timeout")
-            self._drain(rec, now)
+        self._leave_all(Step.TIMEOUT, now)
         self._check_stopped(now)
 
-    def _requeue_held(self, rec: _Conn) -> None:
-        """REQ (at once) every message the application holds from ``rec``."""
-        conn = rec.conn
-        ids = rec.in_flight.drop_all()
-        if conn.state in CAN_ANSWER:
-            for msg_id in ids:
-                conn.requeue(msg_id, 0.0)
-            self.messages_requeued += len(ids)
+    def _leave_all(self, step: Step, now: float) -> None:
+        """Carry out, on every connection, what the stop procedure decides for ``step``."""
+        leave = self._stop.leave
+        for rec in list(self._conns.values()):
+            conn = rec.conn
+            decision = leave(step, conn.state)
+            if decision.requeue:
+                ids = left_to_answer(conn.state, rec.in_flight.drop_all())
+                for msg_id in ids:
+                    conn.requeue(msg_id, 0.0)
+                self.messages_requeued += len(ids)
+            if decision.cls:
+                conn.start_close()
+            elif decision.close is not None:
+                conn.close(decision.close)
+            self._drain(rec, now)
 
     def _check_stopped(self, now: float) -> None:
         if self._life is not STOPPING and self._life is not REQUEUEING:
             return
         for rec in list(self._conns.values()):
-            if rec.conn.state is ConnectionState.CLOSE_WAIT and not rec.in_flight.held:
+            if closes_now(rec.conn.state, len(rec.in_flight.held)):
                 rec.conn.close("consumer stopped")
                 self._drain(rec, now)
         if not self._conns:
             self._life = after_all_closed(self._life)
-            self._timers.cancel_kind(TimerKind.STOP_TIMEOUT)
+            self._stop.done()
             self._outputs.append(Stopped())
 
     @property
@@ -867,6 +773,8 @@ class Consumer:
         return False
 
     def connections(self) -> list[ConnectionStats]:
+        """A snapshot of every connection (connecting, subscribed or closing), in the order
+        opened: see :class:`ConnectionStats`."""
         return [self._stats(rec) for rec in self._conns.values()]
 
     def _stats(self, rec: _Conn) -> ConnectionStats:
@@ -882,10 +790,15 @@ class Consumer:
         )
 
     def connection_stats(self, conn_id: ConnId) -> ConnectionStats | None:
+        """A snapshot of one connection (as :meth:`connections` gives), or None once it is
+        gone."""
         rec = self._conns.get(conn_id)
         return self._stats(rec) if rec is not None else None
 
     def connection(self, conn_id: ConnId) -> Connection | None:
+        """The connection's own machine (its state, negotiated features, layout), or None
+        once it is gone; for reading: commands go through the consumer, which keeps its
+        books."""
         rec = self._conns.get(conn_id)
         return rec.conn if rec is not None else None
 

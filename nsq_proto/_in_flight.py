@@ -18,15 +18,28 @@ requeued).  Each names a message the book does not hold with :class:`LocalProtoc
 The consumer's per-message paths (a delivery of an id not held, the FIN of an id held once)
 do the book's dictionary operation inline on :attr:`~InFlight.held`, without a method call;
 every other change goes through these methods.
+
+The bulk answers (``finish_many``, ``touch_many``) read the books of several connections:
+:func:`take_many` and :func:`newest_many` group the answers per connection (one write each),
+take or check each message on its connection's book, and say which answers the consumer sends
+one by one instead (the FINs of an ordered connection or of a repeated delivery, through a
+callback the consumer gives) and the first error.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from ._errors import LocalProtocolError
 from ._events import ConnId
 from ._message import Message
 
-__all__ = ["InFlight", "not_in_flight"]
+__all__ = ["Answer", "Booked", "Bulk", "InFlight", "newest_many", "not_in_flight", "take_many"]
+
+#: one answer of a bulk call: (connection, message id, the delivery's attempts or None)
+Answer = tuple[ConnId, bytes, int | None]
 
 
 def not_in_flight(msg_id: bytes, conn_id: ConnId) -> LocalProtocolError:
@@ -102,3 +115,87 @@ class InFlight:
         self.held.clear()
         self.copies.clear()
         return ids
+
+
+class Booked(Protocol):
+    """A connection's record as the bulk answers read it: its book, and whether it is
+    ordered (its answers then go one by one, through its repeats part)."""
+
+    @property
+    def in_flight(self) -> InFlight: ...
+
+    @property
+    def ordered(self) -> bool: ...
+
+
+R = TypeVar("R", bound=Booked)
+
+
+@dataclass(slots=True)
+class Bulk(Generic[R]):
+    """The answers of a bulk call, grouped: per connection (in the order first named) its
+    record and the ids to write in one command; how many answers are sent (grouped and one by
+    one); whether one of them is a fresh delivery's (not an older copy's); the first error."""
+
+    groups: dict[ConnId, tuple[R, list[bytes]]] = field(default_factory=dict)
+    sent: int = 0
+    fresh: bool = False
+    error: LocalProtocolError | None = None
+
+    def add(self, conn_id: ConnId, rec: R, msg_id: bytes) -> None:
+        entry = self.groups.get(conn_id)
+        if entry is None:
+            entry = self.groups[conn_id] = (rec, [])
+        entry[1].append(msg_id)
+        self.sent += 1
+
+
+def take_many(
+    records: Mapping[ConnId, R],
+    answers: Iterable[Answer],
+    one_by_one: Callable[[ConnId, bytes, int | None], bool],
+) -> Bulk[R]:
+    """FIN grouping: take each answered message off its connection's book, grouped per
+    connection.  Answers on a connection that is gone are skipped; those on an ordered
+    connection, or on a book holding a repeated delivery, go to ``one_by_one`` (which says
+    whether it sent one) in their turn.  A message not held is the error, and the others go
+    on."""
+    bulk: Bulk[R] = Bulk()
+    for conn_id, msg_id, attempts in answers:
+        rec = records.get(conn_id)
+        if rec is None:
+            continue
+        book = rec.in_flight
+        if rec.ordered or book.copies:
+            try:
+                bulk.sent += one_by_one(conn_id, msg_id, attempts)
+            except LocalProtocolError as exc:
+                bulk.error = bulk.error or exc
+            continue
+        message = book.held.pop(msg_id, None)  # the book's take, inline
+        if message is None:
+            bulk.error = bulk.error or not_in_flight(msg_id, conn_id)
+            continue
+        bulk.add(conn_id, rec, msg_id)
+        if not bulk.fresh:
+            bulk.fresh = attempts is None or attempts >= message.attempts
+    return bulk
+
+
+def newest_many(records: Mapping[ConnId, R], answers: Iterable[Answer]) -> Bulk[R]:
+    """TOUCH grouping: each answer of a message held, grouped per connection, skipping those
+    on a connection that is gone and older copies' (the newer delivery is the application's);
+    the books are unchanged.  A message not held is the error, and the others go on."""
+    bulk: Bulk[R] = Bulk()
+    for conn_id, msg_id, attempts in answers:
+        rec = records.get(conn_id)
+        if rec is None:
+            continue
+        try:
+            if not rec.in_flight.newest(msg_id, attempts):
+                continue
+        except LocalProtocolError as exc:
+            bulk.error = bulk.error or exc
+            continue
+        bulk.add(conn_id, rec, msg_id)
+    return bulk
