@@ -260,7 +260,12 @@ class Producer(ClientBase):
         return {
             "pending": self._core.pending,
             "connections": [
-                {"conn_id": c, "address": f"{a[0]}:{a[1]}", "state": s, "outstanding": n}
-                for c, a, s, n in self._core.connections()
+                {
+                    "conn_id": c.conn_id,
+                    "address": f"{c.address[0]}:{c.address[1]}",
+                    "state": c.state,
+                    "outstanding": c.outstanding,
+                }
+                for c in self._core.connections()
             ],
         }

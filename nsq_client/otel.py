@@ -520,5 +520,5 @@ def _with_context(ext: Mapping[str, Any]) -> Mapping[str, Any]:
 def _one_address(producer: Producer) -> tuple[str, int] | None:
     """The producer's nsqd when it has connections to one alone (else None: which one took
     a publish is not known)."""
-    addresses = {address for _, address, _, _ in producer._core.connections()}
+    addresses = {conn.address for conn in producer._core.connections()}
     return addresses.pop() if len(addresses) == 1 else None

@@ -67,6 +67,7 @@ from ._outputs import Send as Send
 from ._outputs import StartTLS as StartTLS
 from ._producer import Producer as Producer
 from ._producer import ProducerConfig as ProducerConfig
+from ._producer import ProducerConnectionInfo as ProducerConnectionInfo
 from ._producer import PublishTimeout as PublishTimeout
 from ._start_from import StartFrom as StartFrom
 from ._state import ConnectionState as ConnectionState
@@ -115,6 +116,7 @@ __all__ = [
     "Peer",
     "Producer",
     "ProducerConfig",
+    "ProducerConnectionInfo",
     "ProtocolError",
     "PublishFailed",
     "PublishSucceeded",

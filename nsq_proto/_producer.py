@@ -52,7 +52,7 @@ from ._routes import Routes
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
 
-__all__ = ["ProducerConfig", "Producer", "PublishTimeout"]
+__all__ = ["ProducerConfig", "Producer", "ProducerConnectionInfo", "PublishTimeout"]
 
 #: nsqd's refusals of an MPUB for one of its bodies (or, on the partitioned server, one
 #: message's header): a coalesced MPUB refused so is split, each publish sent again alone, so
@@ -64,6 +64,20 @@ _SPLIT_ON: Final = frozenset({"E_BAD_MESSAGE", "E_BAD_BODY", "E_INVALID_JSON_HEA
 _EARLY_MIN: Final = 16
 #: ...and the producer's latest wait for nsqd was this many times as long as they gathered
 _EARLY_QUIET: Final = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConnectionInfo:
+    """One of a :class:`Producer`'s connections, as :meth:`Producer.connections` reports it."""
+
+    #: the connection's id (the one its ``Connect`` carried)
+    conn_id: ConnId
+    #: the nsqd it goes to, ``(host, port)``
+    address: tuple[str, int]
+    #: its :class:`ConnectionState`'s value (``"INIT"``, ..., ``"READY"``, ``"CLOSED"``)
+    state: str
+    #: publishes sent on it that nsqd has not answered yet
+    outstanding: int
 
 
 @dataclass(slots=True)
@@ -767,8 +781,9 @@ class Producer:
         nothing to carry out for it (it goes with them, when an answer makes room)."""
         return self._held_back
 
-    def connections(self) -> list[tuple[ConnId, tuple[str, int], str, int]]:
+    def connections(self) -> list[ProducerConnectionInfo]:
+        """Each open connection: its id, nsqd, state and unanswered publishes."""
         return [
-            (r.conn_id, r.address, r.conn.state.value, len(r.outstanding))
+            ProducerConnectionInfo(r.conn_id, r.address, r.conn.state.value, len(r.outstanding))
             for r in self._conns.values()
         ]

@@ -24,7 +24,7 @@ from nsq_proto import (
 from nsq_proto import commands as cmd
 from nsq_proto._outputs import Connect, HttpRequest
 from nsq_proto._partitioned import partition_for_key
-from nsq_proto._producer import Producer, ProducerConfig, PublishTimeout
+from nsq_proto._producer import Producer, ProducerConfig, ProducerConnectionInfo, PublishTimeout
 
 from ..compiled import COMPILED, WRONG_TYPE
 from .helpers import error, identify_response, of_type, producer, response, sent_on
@@ -98,7 +98,7 @@ def test_pipelining_is_bounded_per_connection_and_what_waits_goes_as_one_mpub() 
     assert core.next_deadline() == 0.0
     core.handle_timer(0.0)
     assert sends(core.outputs())[c] == cmd.mpub("t", [b"1", b"2", b"3", b"4"])
-    assert [conn[3] for conn in core.connections()] == [2]
+    assert [conn.outstanding for conn in core.connections()] == [2]
     # the connection is full: what comes now waits for an answer, no flush is due
     more = [core.publish("t", b"%d" % i, 0.1) for i in range(5, 8)]
     assert core.outputs() == [] and core.next_deadline() != 0.1
@@ -152,7 +152,7 @@ def test_across_a_long_round_trip_waiting_publishes_go_in_shares_before_the_flus
         (48, b"MPUB"),
     ]
     assert [mpub_count(d) for _, d in written[1:]] == [16, 16, 16]
-    assert [conn[3] for conn in core.connections()] == [4]
+    assert [conn.outstanding for conn in core.connections()] == [4]
     deadline = core.next_deadline()
     assert deadline is not None and deadline <= now  # the other 151: at the flush, one MPUB
     core.handle_timer(now)
@@ -514,7 +514,14 @@ def test_producer_close_fails_queued_publishes_and_refuses_new_ones() -> None:
     (connect,) = of_type(core.outputs(), Connect)  # never connected: the publish waits
     rid = core.publish("t", b"x", 0.0)
     assert core.pending == 1
-    assert core.connections() == [(connect.conn_id, ("n1", 4150), "INIT", 0)]
+    (conn,) = core.connections()
+    assert conn == ProducerConnectionInfo(connect.conn_id, ("n1", 4150), "INIT", 0)
+    assert (conn.conn_id, conn.address, conn.state, conn.outstanding) == (
+        connect.conn_id,
+        ("n1", 4150),
+        "INIT",
+        0,
+    )
     core.close(1.0)
     out = core.outputs()
     (failed,) = of_type(out, PublishFailed)

@@ -334,7 +334,7 @@ def test_shares_sent_early_keep_call_order_and_the_bound_on_unanswered_commands(
     dropped = False
 
     def bounded() -> None:
-        assert all(conn[3] <= max_outstanding for conn in producer.connections())
+        assert all(conn.outstanding <= max_outstanding for conn in producer.connections())
 
     for n, (action, topic, size) in enumerate(script):
         if action == "burst":
