@@ -30,8 +30,8 @@ MYPY_REQUIREMENT = "mypy>=1.15"
 #: handshake features, names, compression, partition hashing, start positions and extension
 #: filters (cold paths whose argument checks a compiled signature would pre-empt with a
 #: TypeError), the exceptions (``_errors``: some are also a builtin exception, which a native
-#: class cannot be), the re-exporting ``__init__``/``wire`` and ``testing`` (the emulator's former
-#: name; the emulator, ``nsq_emulator``, and the command line, ``nsq_cli``, are not the core).
+#: class cannot be) and the re-exporting ``__init__``/``wire`` (the emulator, ``nsq_emulator``,
+#: and the command line, ``nsq_cli``, are not the core).
 MYPYC_MODULES = [
     "nsq_proto/_connection.py",
     "nsq_proto/_consumer.py",

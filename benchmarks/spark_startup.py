@@ -186,7 +186,7 @@ def publish(args: argparse.Namespace, topic: str) -> tuple[str, str, Any]:
     emulator = None
     tcp, http = args.nsqd_tcp_address, args.nsqd_http_address
     if tcp is None:
-        from nsq_anyio._server import serve_emulator
+        from nsq_emulator.loopback import serve_emulator
 
         emulator = portal.wrap_async_context_manager(serve_emulator(lookupd=False))
         cluster = emulator.__enter__()

@@ -54,7 +54,7 @@ def nsqd(args: argparse.Namespace) -> Iterator[tuple[str, BlockingPortal, Any]]:
         if args.nsqd_tcp_address:
             yield args.nsqd_tcp_address, portal, None
             return
-        from nsq_anyio._server import serve_emulator
+        from nsq_emulator.loopback import serve_emulator
 
         with portal.wrap_async_context_manager(serve_emulator(lookupd=False)) as cluster:
             yield cluster.nsqd_tcp_addresses[0], portal, cluster

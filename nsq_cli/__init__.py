@@ -1,8 +1,8 @@
 """nsq_cli: the command line (``nsq-sansio``).
 
 ``nsq-sansio serve`` (the emulator on loopback), ``pub``, ``tail``, ``stats``, ``demo`` and
-``worker`` (an application's handler run as a service); also run as ``python -m nsq_cli``
-and, as before, ``python -m nsq_anyio``.  ``python -m nsq_emulator`` is its ``serve`` alone.
+``worker`` (an application's handler run as a service); also run as ``python -m nsq_cli``.
+``python -m nsq_emulator`` is its ``serve`` alone.
 It sits above the client: it runs on :mod:`nsq_anyio` and serves :mod:`nsq_emulator`, and
 neither imports it.  The script is installed with the
 package; it needs the ``anyio`` extra (``pip install "nsq-sansio[anyio]"``), and without it

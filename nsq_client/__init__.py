@@ -73,6 +73,3 @@ __all__ = [
 for _public in (Consumer, CoreRunner, Message, Producer, TransportError, BackendBase):
     _public.__module__ = __name__
 del _public
-
-#: the former name of :class:`CoreRunner` ("driver" is the Spark driver's word), kept importable
-Driver = CoreRunner

@@ -100,8 +100,8 @@ partition)``, ``move_leader(topic, partition, to_node, now)``, ``stop_node(i, no
 lose_messages=False, failover=True)``, ``start_node(i, now)``, ``next_deadline()``,
 ``handle_timer(now)``.  The lookupd answers ``/lookup?topic=&access=r|w&metainfo=true
 &partition=`` and ``/listlookup``.  :class:`PartitionedTopic` (the topic as the cluster's
-coordinator holds it: partitions, leaders, replicas) was called ``TopicMeta``, which stays
-importable; the client's parsed ``meta`` of a lookup is :class:`nsq_proto.TopicMeta`.
+coordinator holds it: partitions, leaders, replicas) is not the client's parsed ``meta`` of a
+lookup, :class:`nsq_proto.TopicMeta`.
 
 :class:`MemoryNetwork` wires client cores (``nsq_proto.Consumer``/``Producer``) to emulated
 servers in memory on a virtual clock, with no socket (``wall_clock=time.time`` gives its
@@ -111,7 +111,6 @@ forever.
 
 from ._cluster import Cluster as Cluster
 from ._cluster import PartitionedTopic as PartitionedTopic
-from ._cluster import TopicMeta as TopicMeta
 from ._http import HttpResponse as HttpResponse
 from ._http import HttpServerConnection as HttpServerConnection
 from ._lookupd import Lookupd as Lookupd
@@ -154,7 +153,6 @@ __all__ = [
     "NsqdOptions",
     "NsqdStopped",
     "PartitionedTopic",
-    "TopicMeta",
     "TopicStats",
     "static_authorizer",
 ]

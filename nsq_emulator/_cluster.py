@@ -29,7 +29,7 @@ from ._options import NsqdOptions
 from ._protocol import NsqdConnection
 from ._store import Topic
 
-__all__ = ["Cluster", "PartitionedTopic", "TopicMeta"]
+__all__ = ["Cluster", "PartitionedTopic"]
 
 #: the partitioned cluster's internal ids of partition p start at p << COMMIT_LOG_ID_BITS
 COMMIT_LOG_ID_BITS = 50
@@ -52,10 +52,6 @@ class PartitionedTopic:
     leaders: list[int] = field(default_factory=list)
     #: node indexes holding each partition (the leader included)
     replicas: list[list[int]] = field(default_factory=list)
-
-
-#: the former name of :class:`PartitionedTopic`, kept importable (``nsq_emulator.TopicMeta``)
-TopicMeta = PartitionedTopic
 
 
 class Cluster:

@@ -3,8 +3,7 @@ extra).
 
 The emulator decides everything; this host only accepts connections, moves bytes both ways,
 runs the server side of TLS when a connection asks for it, and calls the emulator's timers on
-the loop's clock.  ``python -m nsq_emulator`` serves it from a shell;
-``nsq_anyio.serve_emulator`` and ``nsq_anyio.EmulatorCluster`` are these same objects.
+the loop's clock.  ``python -m nsq_emulator`` serves it from a shell.
 
 .. code-block:: python
 

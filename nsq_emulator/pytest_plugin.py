@@ -16,7 +16,6 @@ servers for any test suite, one fixture away.
 
 Loading the plugin imports the sans-IO emulator alone (no event loop, no socket); the
 loopback host and anyio come with the first test that asks for ``nsq_emulator``.
-``nsq_anyio.pytest_plugin``, the plugin's former place, re-exports it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import anyio
 import nsq_anyio
 import nsq_trio
 from nsq_anyio.blocking import Producer
-from nsq_proto.testing import MemoryNetwork
+from nsq_emulator import MemoryNetwork
 
 
 async def handler(message: nsq_anyio.Message) -> None:

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from nsq_anyio._server import EmulatorCluster, serve_emulator
-from nsq_proto.testing import ChannelStats, TopicStats
+from nsq_emulator import ChannelStats, TopicStats
+from nsq_emulator.loopback import EmulatorCluster, serve_emulator
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

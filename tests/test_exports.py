@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import subprocess
 import sys
 import tomllib
@@ -57,7 +58,7 @@ def test_nsq_proto_imports_no_io_module_and_reads_no_clock(path: Path) -> None:
 
 def test_importing_nsq_proto_loads_no_io_module() -> None:
     code = (
-        "import sys; import nsq_proto, nsq_proto.testing, nsq_emulator, nsq_emulator.frames; "
+        "import sys; import nsq_proto, nsq_emulator, nsq_emulator.frames; "
         f"bad = {sorted(FORBIDDEN_MODULES - {'time', 'datetime', 'threading'})!r}; "
         "print([m for m in bad if m in sys.modules])"
     )
@@ -102,22 +103,25 @@ def test_the_responses_a_client_reads_are_public_in_the_wire() -> None:
     )
 
 
-def test_moved_names_are_the_same_objects_at_their_former_places() -> None:
-    """The emulator's loopback host, its pytest plugin and the command line moved to
-    nsq_emulator and nsq_cli; their former names are re-exports."""
+def test_each_name_has_one_place() -> None:
+    """The emulator (its loopback host and pytest plugin included) is nsq_emulator, the command
+    line nsq_cli, the client's runner nsq_client.CoreRunner: no other module names them."""
     import nsq_anyio
-    import nsq_anyio._server
-    import nsq_anyio.pytest_plugin
     import nsq_cli
-    import nsq_emulator.loopback
-    import nsq_emulator.pytest_plugin
+    import nsq_client
+    import nsq_emulator
 
-    for name in ("serve_emulator", "EmulatorCluster"):
-        moved = getattr(nsq_emulator.loopback, name)
-        assert getattr(nsq_anyio, name) is moved
-        assert getattr(nsq_anyio._server, name) is moved
-    for name in ("nsq_emulator", "nsq_memory_network", "pytest_configure"):
-        assert getattr(nsq_anyio.pytest_plugin, name) is getattr(nsq_emulator.pytest_plugin, name)
+    for gone in ("nsq_proto.testing", "nsq_anyio._server", "nsq_anyio.pytest_plugin"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(gone)
+    assert importlib.util.find_spec("nsq_anyio.__main__") is None
+    for module, name in [
+        (nsq_anyio, "serve_emulator"),
+        (nsq_anyio, "EmulatorCluster"),
+        (nsq_client, "Driver"),
+        (nsq_emulator, "TopicMeta"),
+    ]:
+        assert not hasattr(module, name), f"{module.__name__}.{name}"
     assert callable(nsq_cli.main) and callable(nsq_cli.serve_main)
 
 

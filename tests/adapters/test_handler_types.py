@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from nsq_anyio._server import serve_emulator
+from nsq_emulator.loopback import serve_emulator
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ import trio.testing
 
 from nsq_client import Consumer as AsyncConsumer
 from nsq_client import Producer as AsyncProducer
-from nsq_proto.testing import (
+from nsq_emulator import (
     Cluster,
     HttpServerConnection,
     Lookupd,

@@ -13,7 +13,7 @@ import pytest
 import nsq_client
 from nsq_anyio._asyncio_stream import AsyncioStream
 from nsq_anyio._backend import AnyioBackend
-from nsq_anyio._server import serve_emulator
+from nsq_emulator.loopback import serve_emulator
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,8 @@ import anyio.abc
 import pytest
 import trustme
 
-from nsq_anyio._server import serve_emulator
-from nsq_proto.testing import Authorization, AuthState, static_authorizer
+from nsq_emulator import Authorization, AuthState, static_authorizer
+from nsq_emulator.loopback import serve_emulator
 from nsq_proto.wire import encode_frame
 from tests.support.net import free_port
 

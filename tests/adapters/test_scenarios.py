@@ -11,10 +11,10 @@ import anyio
 import pytest
 import trustme
 
-from nsq_anyio._server import serve_emulator
 from nsq_client import Message
+from nsq_emulator import Authorization, AuthState, static_authorizer
+from nsq_emulator.loopback import serve_emulator
 from nsq_proto import ConfigError, LocalProtocolError
-from nsq_proto.testing import Authorization, AuthState, static_authorizer
 
 pytestmark = pytest.mark.anyio
 

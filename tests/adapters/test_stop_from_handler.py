@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import pytest
 
-from nsq_anyio import EmulatorCluster
 from nsq_anyio.blocking import Consumer as BlockingConsumer
 from nsq_anyio.blocking import Message as BlockingMessage
+from nsq_emulator.loopback import EmulatorCluster
 from tests.support.served import server
 
 from .test_blocking import channel_stats

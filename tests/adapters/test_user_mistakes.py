@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from nsq_anyio import blocking
-from nsq_anyio._server import serve_emulator
+from nsq_emulator.loopback import serve_emulator
 from nsq_proto import ConfigError, ConnectionClosedError, RemoteProtocolError
 from tests.support.served import server
 

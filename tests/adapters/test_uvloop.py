@@ -15,7 +15,7 @@ import trustme
 
 import nsq_anyio
 from nsq_anyio._backend import AnyioBackend
-from nsq_anyio._server import serve_emulator
+from nsq_emulator.loopback import serve_emulator
 
 uvloop = pytest.importorskip("uvloop")
 

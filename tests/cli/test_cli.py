@@ -1,4 +1,4 @@
-"""The command line (``nsq_cli``: ``nsq-sansio``, ``python -m nsq_anyio``), run as a user would:
+"""The command line (``nsq_cli``: ``nsq-sansio``, ``python -m nsq_cli``), run as a user would:
 separate processes over loopback."""
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def assert_usage_error(
 ) -> None:
     """argparse's convention: the usage of the subcommand that was run, then one line
     ``PROG SUBCOMMAND: error: ...`` naming the problem; exit 2.  ``prog`` is the program and
-    subcommand (default: ``python -m nsq_anyio`` and the subcommand run)."""
+    subcommand (default: ``python -m nsq_cli`` and the subcommand run)."""
     if prog is None:
-        prog = f"python -m nsq_anyio {out.args[3]}"
+        prog = f"python -m nsq_cli {out.args[3]}"
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith(f"usage: {prog} "), out.stderr
@@ -378,7 +378,7 @@ def test_a_mistyped_option_is_the_subcommands_usage_error_with_a_suggestion() ->
 
 def test_a_mistyped_subcommand_gets_a_suggestion() -> None:
     out = run("tial", "T", timeout=10)
-    assert_usage_error(out, "'tial'", "meant 'tail'?", prog="python -m nsq_anyio")
+    assert_usage_error(out, "'tial'", "meant 'tail'?", prog="python -m nsq_cli")
 
 
 # -- runtime errors: one line, exit status 1 ----------------------------------------------------

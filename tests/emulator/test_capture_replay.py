@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import snappy
 
-from nsq_proto.testing import (
+from nsq_emulator import (
     Authorization,
     AuthRequest,
     AuthState,

@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
+from nsq_emulator import FIXED_EPOCH, Lookupd, MemoryNetwork, Nsqd, NsqdOptions
 from nsq_proto import Consumer, MessageReceived
-from nsq_proto.testing import FIXED_EPOCH, Lookupd, MemoryNetwork, Nsqd, NsqdOptions
 
 #: how far from time.time() a timestamp taken during the test may be
 SLACK = 60.0

@@ -1,6 +1,5 @@
 """nsq_emulator is public, documented and pure (no I/O, no clock, no global random), apart
-from its loopback host, its fault proxy, its program and its pytest plugin; nsq_proto.testing, kept for
-compatibility, is the same objects."""
+from its loopback host, its fault proxy, its program and its pytest plugin."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import sys
 from pathlib import Path
 
 import nsq_emulator as emu
-import nsq_proto.testing
 
 PACKAGE = Path(emu.__file__).parent
 #: the emulator's modules that do I/O: the loopback host (anyio), the fault proxy (anyio),
@@ -41,18 +39,11 @@ def test_every_public_name_is_exported_and_documented() -> None:
     assert "static_authorizer" in doc
 
 
-def test_the_compatibility_module_is_the_same_objects() -> None:
-    assert nsq_proto.testing.__all__ == emu.__all__
-    for name in emu.__all__:
-        assert getattr(nsq_proto.testing, name) is getattr(emu, name), name
-    assert "compatibility" in (nsq_proto.testing.__doc__ or "")
-
-
 def test_importing_does_not_pull_in_io_modules() -> None:
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import nsq_emulator, nsq_emulator.frames, nsq_proto.testing\n"
+        "import nsq_emulator, nsq_emulator.frames\n"
         "print(','.join(sorted(set(sys.modules) - before)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

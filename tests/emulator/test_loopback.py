@@ -12,7 +12,7 @@ from types import ModuleType
 import anyio
 import pytest
 
-from nsq_anyio._server import serve_emulator
+from nsq_emulator.loopback import serve_emulator
 from tests.support.backends import anyio_backend, lib, way
 
 __all__ = ["anyio_backend", "lib", "way"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nsq_proto.testing import Lookupd, Nsqd, NsqdOptions, NsqdStopped
+from nsq_emulator import Lookupd, Nsqd, NsqdOptions, NsqdStopped
 from tests.support.emulator_client import Client, pub_cmd
 
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}

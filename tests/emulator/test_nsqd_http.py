@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from nsq_proto.testing import Nsqd, NsqdOptions
+from nsq_emulator import Nsqd, NsqdOptions
 from tests.support.emulator_client import Client
 
 V1 = [("Accept", "application/vnd.nsq; version=1.0")]

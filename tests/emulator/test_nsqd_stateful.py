@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from nsq_proto.testing import Nsqd
+from nsq_emulator import Nsqd
 from tests.support.emulator_client import Client
 
 N_CLIENTS = 3

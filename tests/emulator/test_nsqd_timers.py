@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nsq_proto.testing import Nsqd, NsqdOptions
+from nsq_emulator import Nsqd, NsqdOptions
 from tests.support.emulator_client import Client
 
 HB = b"_heartbeat_"

@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
+from nsq_emulator import Cluster, Nsqd, NsqdOptions
 from nsq_proto._features import parse_trace_receipt
 from nsq_proto._message import MessageLayout
-from nsq_proto.testing import Cluster, Nsqd, NsqdOptions
 from tests.support.emulator_client import ORDERED_LAYOUT, PARTITIONED_LAYOUT, Client, body
 
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}

@@ -8,9 +8,9 @@ import struct
 import pytest
 import snappy
 
+from nsq_emulator import Authorization, AuthState, Nsqd, NsqdOptions, static_authorizer
 from nsq_emulator._protocol import decode_identify
 from nsq_proto._compress import SnappyCodec
-from nsq_proto.testing import Authorization, AuthState, Nsqd, NsqdOptions, static_authorizer
 from tests.support.emulator_client import Client, body, identify_cmd, pub_cmd
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from nsq_proto.testing import ClientState, Nsqd, NsqdOptions
+from nsq_emulator import ClientState, Nsqd, NsqdOptions
 from tests.support.emulator_client import Client, mpub_cmd, pub_cmd
 
 IDENT = {"feature_negotiation": True, "heartbeat_interval": 30000}

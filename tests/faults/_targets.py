@@ -8,7 +8,7 @@ from typing import Protocol
 
 import anyio.to_thread
 
-from nsq_anyio._server import EmulatorCluster
+from nsq_emulator.loopback import EmulatorCluster
 from tests.support.servers import Lookupd, Nsqd
 
 

@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 
-from nsq_anyio._server import serve_emulator
+from nsq_emulator.loopback import serve_emulator
 
 from . import _scenarios as scenario
 from ._targets import EmulatedTarget

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nsq_emulator import Nsqd, NsqdConnection
 from nsq_proto import (
     Connection,
     ConnectionConfig,
@@ -13,7 +14,6 @@ from nsq_proto import (
     Send,
     Subscribed,
 )
-from nsq_proto.testing import Nsqd, NsqdConnection
 
 
 def pump(client: Connection, server: NsqdConnection, now: float) -> list[object]:

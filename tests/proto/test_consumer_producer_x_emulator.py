@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from nsq_emulator import Cluster, Lookupd, MemoryNetwork, Nsqd, NsqdOptions
 from nsq_proto import (
     ClientCore,
     Connect,
@@ -22,7 +23,6 @@ from nsq_proto import (
     PublishFailed,
     PublishSucceeded,
 )
-from nsq_proto.testing import Cluster, Lookupd, MemoryNetwork, Nsqd, NsqdOptions
 
 
 def two_nsqd_network() -> tuple[MemoryNetwork, list[Nsqd], Lookupd]:

@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from nsq_emulator import Lookupd, MemoryNetwork, Nsqd, NsqdOptions
 from nsq_proto import Consumer, ConsumerConfig, ErrorReceived, Event, MessageReceived
-from nsq_proto.testing import Lookupd, MemoryNetwork, Nsqd, NsqdOptions
 
 
 class ConsumerAgainstNsqd(RuleBasedStateMachine):

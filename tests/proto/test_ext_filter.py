@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from nsq_emulator import Cluster, MemoryNetwork
 from nsq_proto import (
     ConfigError,
     ConnectionConfig,
@@ -20,7 +21,6 @@ from nsq_proto import (
     Producer,
     ProducerConfig,
 )
-from nsq_proto.testing import Cluster, MemoryNetwork
 
 # -- the filters, as IDENTIFY sends them (sans-IO) --------------------------------------------
 

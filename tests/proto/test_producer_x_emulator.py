@@ -14,6 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nsq_emulator import Cluster, MemoryNetwork, Nsqd, NsqdOptions
 from nsq_proto import (
     ConnectionClosed,
     Event,
@@ -24,7 +25,6 @@ from nsq_proto import (
     PublishSucceeded,
     ServerError,
 )
-from nsq_proto.testing import Cluster, MemoryNetwork, Nsqd, NsqdOptions
 
 LOOKUPD = ["127.0.0.1:4161"]
 

@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 import nsq_anyio
+from nsq_emulator import Cluster, MemoryNetwork
 from nsq_proto import (
     ConfigError,
     Connect,
@@ -29,7 +30,6 @@ from nsq_proto import (
     StartFromApplied,
     StartFromFailed,
 )
-from nsq_proto.testing import Cluster, MemoryNetwork
 from tests.support.partitioned import (
     NEEDS_CLUSTER,
     PartitionedCluster,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from anyio.from_thread import start_blocking_portal
 
-from nsq_anyio._server import serve_emulator
+from nsq_emulator.loopback import serve_emulator
 
 from .helpers import Emulator
 

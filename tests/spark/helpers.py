@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 from anyio.from_thread import BlockingPortal
 
 import nsq_anyio
-from nsq_anyio._server import EmulatorCluster
-from nsq_proto.testing import ChannelStats, MessageInfo, TopicStats
+from nsq_emulator import ChannelStats, MessageInfo, TopicStats
+from nsq_emulator.loopback import EmulatorCluster
 
 T = TypeVar("T")
 

@@ -851,7 +851,7 @@ def test_tls_and_compression_end_to_end(tmp_path: Any, readers: list[NSQStreamRe
     import trustme
     from anyio.from_thread import start_blocking_portal
 
-    from nsq_anyio._server import serve_emulator
+    from nsq_emulator.loopback import serve_emulator
     from nsq_spark._sink import _POOL, publish_batches
 
     ca = trustme.CA()
@@ -900,7 +900,7 @@ def test_an_nsqd_restart_while_a_batch_runs_loses_nothing() -> None:
     # back (attempts 2) in later batches, and the late commit's FINs are moot
     from anyio.from_thread import start_blocking_portal
 
-    from nsq_anyio._server import serve_emulator
+    from nsq_emulator.loopback import serve_emulator
 
     with start_blocking_portal() as portal:
         with portal.wrap_async_context_manager(serve_emulator(lookupd=False)) as cluster:

@@ -6,9 +6,9 @@ import json
 import struct
 from typing import Any
 
+from nsq_emulator import Nsqd, NsqdConnection
 from nsq_proto._frames import FrameDecoder
 from nsq_proto._message import Message, MessageLayout, decode_message
-from nsq_proto.testing import Nsqd, NsqdConnection
 
 MAGIC = b"  V2"
 PARTITIONED_LAYOUT = MessageLayout(binary_id=True)

@@ -1,4 +1,4 @@
-"""The emulator served on loopback by the command line (``python -m nsq_anyio serve``), in a
+"""The emulator served on loopback by the command line (``python -m nsq_cli serve``), in a
 process of its own, and commands run as a user runs them (:func:`run`, :class:`Running`).
 The ``server`` fixture gives a served emulator's addresses by name (``nsqd TCP``, ``nsqd
 HTTP``, ``lookupd HTTP``); a test module imports it."""
@@ -20,7 +20,7 @@ import pytest
 
 from . import ROOT
 
-PY = [sys.executable, "-m", "nsq_anyio"]
+PY = [sys.executable, "-m", "nsq_cli"]
 ENV = {
     **os.environ,
     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -116,7 +116,7 @@ def running(
 
 @contextlib.contextmanager
 def serve() -> Iterator[dict[str, str]]:
-    """``python -m nsq_anyio serve`` on free loopback ports; its addresses by name."""
+    """``python -m nsq_cli serve`` on free loopback ports; its addresses by name."""
     with running(
         "serve", "--tcp-port", "0", "--http-port", "0", "--lookupd-http-port", "0"
     ) as proc:
