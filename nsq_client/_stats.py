@@ -8,12 +8,16 @@ __all__ = ["ConsumerConnectionStats", "ConsumerStats", "ProducerConnectionStats"
 
 
 class ConsumerConnectionStats(TypedDict):
+    """One connection of a consumer, in :class:`ConsumerStats`'s ``connections``."""
+
     conn_id: int
     #: ``host:port`` of the nsqd
     address: str
     #: the connection's state (``ConnectionState`` name)
     state: str
+    #: the RDY count the consumer gave it
     rdy: int
+    #: messages it delivered that are not answered yet
     in_flight: int
     #: the partition it subscribed to (partitioned NSQ), else None
     partition: int | None
@@ -22,6 +26,9 @@ class ConsumerConnectionStats(TypedDict):
 
 
 class ConsumerStats(TypedDict):
+    """What ``Consumer.stats()`` returns: the subscription, its RDY and backoff, counts of
+    messages since the start, the latest error, each connection."""
+
     topic: str
     channel: str
     max_in_flight: int
@@ -38,15 +45,21 @@ class ConsumerStats(TypedDict):
 
 
 class ProducerConnectionStats(TypedDict):
+    """One connection of a producer, in :class:`ProducerStats`'s ``connections``."""
+
     conn_id: int
     #: ``host:port`` of the nsqd
     address: str
+    #: the connection's state (``ConnectionState`` name)
     state: str
     #: publishes sent and not yet acknowledged
     outstanding: int
 
 
 class ProducerStats(TypedDict):
+    """What ``Producer.stats()`` returns: publishes waiting for a connection, each
+    connection."""
+
     #: publishes waiting for a connection
     pending: int
     connections: list[ProducerConnectionStats]

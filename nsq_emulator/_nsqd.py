@@ -40,6 +40,11 @@ class NsqdStopped(ConnectionRefusedError):
 
 @dataclass(frozen=True, slots=True)
 class ChannelStats:
+    """One channel of the emulated nsqd, as :meth:`Nsqd.channel_stats` tells it, with the
+    counters of nsqd's ``/stats``: ``depth`` (queued), in flight, deferred, messages that
+    reached it, requeued, timed out, its clients (``partition``: -1 outside a partitioned
+    topic)."""
+
     topic: str
     channel: str
     depth: int
@@ -55,6 +60,10 @@ class ChannelStats:
 
 @dataclass(frozen=True, slots=True)
 class TopicStats:
+    """One topic of the emulated nsqd, as :meth:`Nsqd.topic_stats` tells it: ``depth``
+    (queued before any channel takes them), messages and bytes it received, its channels'
+    names (``partition``: -1 outside a partitioned topic)."""
+
     topic: str
     depth: int
     message_count: int

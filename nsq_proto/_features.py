@@ -141,12 +141,23 @@ def parse_identify_response(data: bytes) -> NegotiatedFeatures:
 
 @dataclass(frozen=True, slots=True)
 class AuthResult:
+    """nsqd's answer to AUTH (what its auth server said of the secret), on :class:`Ready`'s
+    ``auth``; an absent or ``null`` field is empty (``""``, 0)."""
+
+    #: who the secret belongs to
     identity: str
+    #: a URL about that identity, for people
     identity_url: str
+    #: how many topic/channel permissions the secret grants
     permission_count: int
 
 
 def parse_auth_response(data: bytes) -> AuthResult:
+    """Parse the response frame to AUTH: a JSON object with ``identity``, ``identity_url``
+    and ``permission_count``.
+
+    An absent or ``null`` field is empty; anything else of the wrong type (or a body that is
+    not a JSON object) raises :class:`RemoteProtocolError`."""
     obj = _decode_object(data, "AUTH response")
     identity = obj.get("identity")
     url = obj.get("identity_url")
@@ -175,6 +186,8 @@ _RECEIPT = struct.Struct(">2sQQQI")
 
 
 def parse_trace_receipt(data: bytes) -> TraceReceipt:
+    """Parse the response frame to PUB_TRACE / MPUB_TRACE: ``OK`` and 28 bytes; anything else
+    raises :class:`RemoteProtocolError`."""
     if len(data) != _RECEIPT.size or data[:2] != b"OK":
         raise RemoteProtocolError(f"traced publish response is not OK+28 bytes: {data[:40]!r}")
     _, internal_id, trace_id, offset, raw_size = _RECEIPT.unpack(data)

@@ -44,6 +44,10 @@ __all__ = [
 
 
 class ConnectionState(Enum):
+    """Where one nsqd connection stands: the handshake's steps (IDENTIFY, TLS, compression,
+    AUTH), ready, subscribed, closing, closed.  Its moves are :data:`TRANSITIONS`; the value
+    is the name (``ConnectionStats.state`` and ``ProducerConnectionInfo.state`` hold it)."""
+
     # members are singletons: identity hashing is exact and much cheaper than Enum's
     __hash__ = object.__hash__
 

@@ -371,8 +371,9 @@ class ConnectionOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class SourceOptions:
-    """The source's options: ``connection`` and the fields of ``SOURCE_OPTIONS`` (which has
-    their defaults and documentation)."""
+    """The source's options, as :func:`parse_source_options` makes them: ``connection`` and
+    the fields of ``SOURCE_OPTIONS`` (which has their defaults, read modes and
+    documentation)."""
 
     connection: ConnectionOptions
     topic: str
@@ -559,6 +560,9 @@ _SINK_KNOWN = {option_key(n): n for n in [o.name for o in _SINK_TABLE] + list(_S
 
 
 def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
+    """The source's options from Spark's strings (any spelling of the names), checked: each
+    value by its parser, the required ones given, no unknown option, none of the other read
+    mode, what reading on the executors needs; an :class:`OptionError` says what is wrong."""
     given = _Given(options)
     values, named = _parse(_SOURCE_TABLE, given, "data source")
     mode = values.get("read_mode", "executors")
@@ -596,6 +600,8 @@ def _check_executor_mode(o: SourceOptions) -> None:
 
 
 def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
+    """The sink's options from Spark's strings (any spelling of the names), checked as
+    :func:`parse_source_options` checks the source's."""
     given = _Given(options)
     values, _ = _parse(_SINK_TABLE, given, "sink")
     _defaults(_SINK_TABLE, values, "executors")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +135,53 @@ def test_the_entry_points_name_what_exists() -> None:
         module, _, attribute = target.partition(":")
         loaded = importlib.import_module(module)
         assert not attribute or callable(getattr(loaded, attribute)), target
+
+
+#: the packages whose public classes and functions each say what they are, and the modules of
+#: nsq_spark's options (parsed from Spark's strings: the names its errors and docs speak of)
+DOCUMENTED = [
+    "nsq_proto",
+    "nsq_client",
+    "nsq_anyio",
+    "nsq_trio",
+    "nsq_emulator",
+    "nsq_spark",
+    "nsq_spark._options",
+]
+
+
+def _docstring(obj: Any) -> str | None:
+    """``obj``'s own docstring (not one a class inherits, nor the signature a dataclass or a
+    named tuple writes when it has none); read from the source where the module is compiled."""
+    module = sys.modules[obj.__module__]
+    path = Path(str(module.__file__))
+    if path.suffix != ".py":  # a compiled build of the core: its source is beside it
+        source = path.with_name(obj.__module__.rpartition(".")[2] + ".py")
+        for node in ast.parse(source.read_text()).body:
+            defines = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            if isinstance(node, defines) and node.name == obj.__name__:
+                return ast.get_docstring(node)
+        return None
+    doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else obj.__doc__
+    if doc is not None and doc.startswith(f"{obj.__name__}("):
+        return None
+    return doc
+
+
+@pytest.mark.parametrize("package", DOCUMENTED)
+def test_every_public_class_and_function_has_a_docstring(package: str) -> None:
+    if package.startswith("nsq_spark"):
+        pytest.importorskip("pyspark")
+    if package == "nsq_trio":
+        pytest.importorskip("trio")
+    module = importlib.import_module(package)
+    # the classes and functions defined here (not aliases of Python's own, as ConnId of int)
+    public = [
+        obj
+        for obj in (getattr(module, name) for name in module.__all__)
+        if (inspect.isclass(obj) or inspect.isroutine(obj))
+        and getattr(obj, "__module__", "").startswith("nsq_")
+    ]
+    undocumented = [obj.__name__ for obj in public if not (_docstring(obj) or "").strip()]
+    assert public
+    assert undocumented == [], f"{package}: no docstring"
