@@ -820,3 +820,18 @@ def test_a_lost_nsqd_is_looked_up_again_soon_until_it_is_back() -> None:
     assert not of_type(core.outputs(), HttpRequest)
     core.handle_timer(60.0)
     assert of_type(core.outputs(), HttpRequest)
+
+
+def test_close_connection_takes_now_for_the_reconnect() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(reconnect_delay=8.0, reconnect_jitter=0.0),
+        nsqd_tcp_addresses=["n:4150"],
+    )
+    core.start(100.0)
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_made(connect.conn_id, 100.0)
+    core.close_connection(connect.conn_id, 200.0)
+    core.outputs()
+    assert core._timers.deadline((TimerKind.RECONNECT, (("n", 4150), None))) == 208.0

@@ -1,21 +1,28 @@
-"""The connection table of ``_core.py`` alone: real connections, a recording drain, no core."""
+"""``_core.py``: the connection table alone (real connections, a recording drain, no core);
+the reconnect scheduler both cores share, and the base core's ``__init__``."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+
+import pytest
 
 from nsq_proto import (
     Close,
+    ConfigError,
     ConnectionClosed,
     ConnectionConfig,
     ConnectionState,
+    Consumer,
     Output,
+    Producer,
     Ready,
     RemoteProtocolError,
     Send,
 )
 from nsq_proto import Connection as Conn
-from nsq_proto._core import ConnectionTable
+from nsq_proto._core import ConnectionTable, ReconnectScheduler, reconnect_delay
 
 from .helpers import identify_response
 
@@ -135,3 +142,28 @@ def test_drain_all_drains_every_connection_in_id_order_even_as_the_drain_removes
         table.add(conn_id, Rec(Conn(ConnectionConfig(), conn_id)))
     table.drain_all(0.0)
     assert removed == [1, 2, 3] and len(table) == 0
+
+
+def test_reconnect_scheduler_doubles_up_to_the_cap_per_target() -> None:
+    scheduler = ReconnectScheduler(random.Random(0), base=1.0, cap=5.0, jitter=0.0)
+    assert [scheduler.delay("a") for _ in range(4)] == [1.0, 2.0, 4.0, 5.0]
+    assert scheduler.delay("b") == 1.0
+    scheduler.connected("a")
+    assert scheduler.delay("a") == 1.0
+    assert reconnect_delay(2, 1.0, 5.0, 0.5, 1.0) == 1.0
+
+
+def test_both_cores_check_their_addresses_and_have_a_reconnect_scheduler() -> None:
+    consumer = Consumer("t", "c", nsqd_tcp_addresses=["n:4150"])
+    producer = Producer(nsqd_tcp_addresses=[("n", 4150)])
+    for core in (consumer, producer):
+        assert isinstance(core._reconnects, ReconnectScheduler)
+        assert core._nsqd == [("n", 4150)]
+    for make in (
+        lambda: Consumer("t", "c"),
+        lambda: Producer(),
+        lambda: Producer(nsqd_tcp_addresses=["nohost"]),
+        lambda: Consumer("t", "c", lookupd_http_addresses=["l:0"]),
+    ):
+        with pytest.raises(ConfigError):
+            make()

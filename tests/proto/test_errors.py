@@ -24,3 +24,18 @@ def test_protocol_error_is_abstract_and_server_errors_survive_pickling() -> None
     assert ServerError("E_INVALID", "TLS required", True).permanent
     assert not ServerError("E_INVALID", "bad", True).permanent
     assert str(ServerError("E_TIMEOUT", "", False)) == "E_TIMEOUT"
+
+
+def test_every_timeout_is_an_nsq_timeout_and_a_timeout_error() -> None:
+    import pickle
+
+    from nsq_proto import HandshakeTimeout, NSQError, NSQTimeout, PublishTimeout, ReadTimeout
+    from nsq_spark import ConnectTimeout
+
+    for kind in (ReadTimeout, HandshakeTimeout, PublishTimeout, ConnectTimeout):
+        error = kind("took too long")
+        assert isinstance(error, NSQTimeout)
+        assert isinstance(error, NSQError) and isinstance(error, TimeoutError)
+        assert str(error) == "took too long"
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is kind and str(again) == "took too long"

@@ -25,6 +25,7 @@ from nsq_proto import commands as cmd
 from nsq_proto._outputs import Connect, HttpRequest
 from nsq_proto._partitioned import partition_for_key
 from nsq_proto._producer import Producer, ProducerConfig, ProducerConnectionInfo, PublishTimeout
+from nsq_proto._timers import TimerKind
 
 from ..compiled import COMPILED, WRONG_TYPE
 from .helpers import error, identify_response, of_type, producer, response, sent_on
@@ -661,3 +662,15 @@ def test_publish_takes_any_bytes_like_body() -> None:
     assert sent_on(core.outputs(), c) == cmd.mpub("t", [b"ab", b"cd"])
     core.receive_data(c, response(b"OK"), 0.1)
     assert of_type(core.outputs(), PublishSucceeded) == [PublishSucceeded(c, rid, None)]
+
+
+def test_producer_reconnects_after_the_scheduler_delay() -> None:
+    core = Producer(
+        ProducerConfig(reconnect_delay=2.0, reconnect_jitter=0.0),
+        nsqd_tcp_addresses=["n:4150"],
+    )
+    core.start(0.0)
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_lost(connect.conn_id, 10.0, OSError("refused"))
+    core.outputs()
+    assert core._timers.deadline((TimerKind.RECONNECT, (("n", 4150), 0))) == 12.0

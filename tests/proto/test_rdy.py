@@ -1,27 +1,17 @@
 """The consumer's RDY planner and backoff (``_rdy.py``) on their own, with no Connection: a
-bare :class:`RdyPlanner` fed connection ids and told the time; plus the reconnect scheduler both
-cores share, and the base core's ``__init__``."""
+bare :class:`RdyPlanner` fed connection ids and told the time."""
 
 from __future__ import annotations
 
 import random
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsq_proto import (
     BackoffChanged,
-    ConfigError,
-    Connect,
-    Consumer,
-    ConsumerConfig,
-    Producer,
-    ProducerConfig,
 )
-from nsq_proto._core import ReconnectScheduler, reconnect_delay
 from nsq_proto._rdy import Backoff, ConnRdy, RdyPlanner
-from nsq_proto._timers import TimerKind
 
 
 class Plan:
@@ -462,70 +452,3 @@ def test_rdy_invariants_hold_over_any_sequence_of_inputs(
                 assert planner.total_rdy - held_by_closing <= 1
         deadline = planner.next_deadline()
         assert deadline is None or deadline >= state["now"] or kind not in ("wait", "timer")
-
-
-def test_reconnect_scheduler_doubles_up_to_the_cap_per_target() -> None:
-    scheduler = ReconnectScheduler(random.Random(0), base=1.0, cap=5.0, jitter=0.0)
-    assert [scheduler.delay("a") for _ in range(4)] == [1.0, 2.0, 4.0, 5.0]
-    assert scheduler.delay("b") == 1.0
-    scheduler.connected("a")
-    assert scheduler.delay("a") == 1.0
-    assert reconnect_delay(2, 1.0, 5.0, 0.5, 1.0) == 1.0
-
-
-def test_both_cores_check_their_addresses_and_have_a_reconnect_scheduler() -> None:
-    consumer = Consumer("t", "c", nsqd_tcp_addresses=["n:4150"])
-    producer = Producer(nsqd_tcp_addresses=[("n", 4150)])
-    for core in (consumer, producer):
-        assert isinstance(core._reconnects, ReconnectScheduler)
-        assert core._nsqd == [("n", 4150)]
-    for make in (
-        lambda: Consumer("t", "c"),
-        lambda: Producer(),
-        lambda: Producer(nsqd_tcp_addresses=["nohost"]),
-        lambda: Consumer("t", "c", lookupd_http_addresses=["l:0"]),
-    ):
-        with pytest.raises(ConfigError):
-            make()
-
-
-def test_producer_reconnects_after_the_scheduler_delay() -> None:
-    core = Producer(
-        ProducerConfig(reconnect_delay=2.0, reconnect_jitter=0.0),
-        nsqd_tcp_addresses=["n:4150"],
-    )
-    core.start(0.0)
-    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
-    core.connection_lost(connect.conn_id, 10.0, OSError("refused"))
-    core.outputs()
-    assert core._timers.deadline((TimerKind.RECONNECT, (("n", 4150), 0))) == 12.0
-
-
-def test_close_connection_takes_now_for_the_reconnect() -> None:
-    core = Consumer(
-        "t",
-        "c",
-        ConsumerConfig(reconnect_delay=8.0, reconnect_jitter=0.0),
-        nsqd_tcp_addresses=["n:4150"],
-    )
-    core.start(100.0)
-    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
-    core.connection_made(connect.conn_id, 100.0)
-    core.close_connection(connect.conn_id, 200.0)
-    core.outputs()
-    assert core._timers.deadline((TimerKind.RECONNECT, (("n", 4150), None))) == 208.0
-
-
-def test_every_timeout_is_an_nsq_timeout_and_a_timeout_error() -> None:
-    import pickle
-
-    from nsq_proto import HandshakeTimeout, NSQError, NSQTimeout, PublishTimeout, ReadTimeout
-    from nsq_spark import ConnectTimeout
-
-    for kind in (ReadTimeout, HandshakeTimeout, PublishTimeout, ConnectTimeout):
-        error = kind("took too long")
-        assert isinstance(error, NSQTimeout)
-        assert isinstance(error, NSQError) and isinstance(error, TimeoutError)
-        assert str(error) == "took too long"
-        again = pickle.loads(pickle.dumps(error))
-        assert type(again) is kind and str(again) == "took too long"
