@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import MappingProxyType
 from typing import Any
 
 from nsq_emulator.frames import encode_message_data
@@ -16,10 +17,13 @@ from nsq_proto import (
     ConsumerConfig,
     Event,
     HttpRequest,
+    LookupResult,
     Output,
+    Peer,
     Producer,
     ProducerConfig,
     Send,
+    TopicMeta,
 )
 from nsq_proto.wire import encode_frame
 
@@ -168,3 +172,15 @@ def requests_by_target(outputs: list[Output]) -> dict[tuple[str, str], HttpReque
         path = o.data.split(b" ", 2)[1].split(b"?")[0].decode()
         found[(o.host, path)] = o
     return found
+
+
+def lookup_peer(host: str) -> Peer:
+    """The Peer lookupd names for ``host`` (standard ports)."""
+    return Peer(broadcast_address=host, tcp_port=4150, http_port=4151, hostname=host, version="")
+
+
+def partitioned_result(*hosts: str, num: int | None = None, ordered: bool = False) -> LookupResult:
+    """A parsed lookup of a partitioned topic: partition i led by ``hosts[i]``."""
+    meta = TopicMeta(partition_num=len(hosts) if num is None else num, replica=1, ordered=ordered)
+    parts = MappingProxyType({pid: lookup_peer(h) for pid, h in enumerate(hosts)})
+    return LookupResult(partitions=parts, meta=meta)

@@ -1,10 +1,9 @@
-"""The producer's queue, retries and routes of ``_publish_queue.py`` and ``_routes.py`` alone: plain requests, a pool
-of made-up connections, no Producer and no Connection."""
+"""The producer's queue and retries (``_publish_queue.py``) alone, on its routes: plain
+requests, a pool of made-up connections, no Producer and no Connection."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from dataclasses import dataclass
 
 import pytest
 
@@ -12,9 +11,7 @@ from nsq_proto import (
     ConnectionClosedError,
     LocalProtocolError,
     LookupResult,
-    Peer,
     ServerError,
-    TopicMeta,
 )
 from nsq_proto._publish_queue import (
     Coalesced,
@@ -26,6 +23,8 @@ from nsq_proto._publish_queue import (
     Step,
 )
 from nsq_proto._routes import Routes
+
+from .helpers import partitioned_result
 
 ANY = Routes(lookupd=False, hasher=None)
 
@@ -91,16 +90,6 @@ def commands(steps: list[Step]) -> list[tuple[list[int], int]]:
 
 def coalescing(max_messages: int = 100, max_bytes: int = 1 << 20) -> PublishQueue:
     return PublishQueue(max_attempts=5, max_messages=max_messages, max_bytes=max_bytes)
-
-
-def peer(host: str) -> Peer:
-    return Peer(broadcast_address=host, tcp_port=4150, http_port=4151, hostname=host, version="")
-
-
-def partitioned(*hosts: str, num: int | None = None, ordered: bool = False) -> LookupResult:
-    meta = TopicMeta(partition_num=len(hosts) if num is None else num, replica=1, ordered=ordered)
-    parts = MappingProxyType({pid: peer(h) for pid, h in enumerate(hosts)})
-    return LookupResult(partitions=parts, meta=meta)
 
 
 def test_requests_are_numbered_in_call_order_and_their_deadlines_never_go_back() -> None:
@@ -181,7 +170,10 @@ def test_a_request_fails_once_its_attempts_are_spent_or_its_deadline_passed() ->
 
 def test_an_ordered_partition_has_one_request_on_the_wire_until_it_is_answered() -> None:
     routes = Routes(lookupd=True, hasher=None)
-    assert routes.apply("t", partitioned("n0", "n1", ordered=True)) == [("n0", 4150), ("n1", 4150)]
+    assert routes.apply("t", partitioned_result("n0", "n1", ordered=True)) == [
+        ("n0", 4150),
+        ("n1", 4150),
+    ]
     q = queue()
     a = add(q, partition=0)
     add(q, partition=0)
@@ -196,7 +188,7 @@ def test_an_ordered_partition_has_one_request_on_the_wire_until_it_is_answered()
 
 def test_a_retry_of_an_ordered_partition_holds_back_the_requests_after_it() -> None:
     routes = Routes(lookupd=True, hasher=None)
-    routes.apply("t", partitioned("n0", ordered=True))
+    routes.apply("t", partitioned_result("n0", ordered=True))
     q = queue()
     a = add(q, partition=0)
     add(q, partition=0)
@@ -215,7 +207,7 @@ def test_a_request_waits_for_its_route_and_a_leader_without_connections_is_opene
     add(q, topic="other")
     pool = FakePool(c1=(("n0", 4150), 0, True))
     assert q.assign(0.0, routes, pool) == []  # no lookup answered yet
-    routes.apply("t", partitioned("n0", "n1"))
+    routes.apply("t", partitioned_result("n0", "n1"))
     routes.apply("other", LookupResult())  # a standard server: any connection
     steps = q.assign(0.0, routes, pool)
     assert steps[0] == OpenPool(("n1", 4150))
@@ -225,7 +217,7 @@ def test_a_request_waits_for_its_route_and_a_leader_without_connections_is_opene
 
 def test_a_request_that_can_go_nowhere_is_refused() -> None:
     routes = Routes(lookupd=True, hasher=None)
-    routes.apply("t", partitioned("n0", "n1"))
+    routes.apply("t", partitioned_result("n0", "n1"))
     q = queue()
     add(q, partition=7)
     add(q, kind=Kind.DPUB)
@@ -239,7 +231,7 @@ def test_a_request_that_can_go_nowhere_is_refused() -> None:
 
 def test_a_sharding_key_picks_its_partition_with_the_hasher_and_others_go_round_robin() -> None:
     routes = Routes(lookupd=True, hasher=lambda key: len(key))
-    routes.apply("t", partitioned("n0", "n1", "n2"))
+    routes.apply("t", partitioned_result("n0", "n1", "n2"))
     q = queue()
     keyed = [add(q, sharding_key=b"k" * n) for n in (1, 2, 4)]
     spread = [add(q) for _ in range(4)]
@@ -260,27 +252,16 @@ def test_a_sharding_key_picks_its_partition_with_the_hasher_and_others_go_round_
 
 def test_a_sharding_key_without_a_partition_count_is_refused() -> None:
     routes = Routes(lookupd=True, hasher=None)
-    routes.apply("t", partitioned("n0", num=0))
+    routes.apply("t", partitioned_result("n0", num=0))
     q = queue()
     add(q, sharding_key=b"k")
     (refused,) = q.assign(0.0, routes, FakePool(c1=(("n0", 4150), 0, True)))
     assert isinstance(refused, Refuse) and "no partition count" in str(refused.error)
 
 
-def test_routes_keep_known_partitions_until_an_answer_lists_some() -> None:
-    routes = Routes(lookupd=True, hasher=None)
-    assert routes.apply("t", partitioned("n0")) == [("n0", 4150)]
-    assert routes.apply("t", LookupResult()) is None
-    assert routes.partitioned("t") and routes.wanted(("n0", 4150))
-    assert routes.leaders() == [("n0", 4150)]
-    routes.forget("t")
-    assert not routes.known("t") and not routes.wanted(("n0", 4150))
-    assert routes.apply("t", LookupResult()) == [] and not routes.partitioned("t")
-
-
 def test_a_removed_request_is_gone_from_the_queue_its_stream_and_the_books() -> None:
     routes = Routes(lookupd=True, hasher=None)
-    routes.apply("t", partitioned("n0", ordered=True))
+    routes.apply("t", partitioned_result("n0", ordered=True))
     q = queue()
     a = add(q, partition=0)
     b = add(q)
@@ -379,7 +360,7 @@ def test_with_every_connection_busy_the_queue_waits_then_goes_at_once() -> None:
 
 def test_an_ordered_partition_coalesces_in_order_and_nothing_overtakes() -> None:
     routes = Routes(lookupd=True, hasher=None)
-    routes.apply("t", partitioned("n0", "n1", ordered=True))
+    routes.apply("t", partitioned_result("n0", "n1", ordered=True))
     q = coalescing()
     add(q, partition=0)  # 1
     add(q, partition=0)  # 2
@@ -402,7 +383,7 @@ def test_an_ordered_partition_coalesces_in_order_and_nothing_overtakes() -> None
 
 def test_publishes_to_any_partition_join_the_first_ones_partition() -> None:
     routes = Routes(lookupd=True, hasher=None)
-    routes.apply("t", partitioned("n0", "n1"))
+    routes.apply("t", partitioned_result("n0", "n1"))
     q = coalescing()
     for _ in range(3):
         add(q)
@@ -432,23 +413,3 @@ def test_a_split_mpub_sends_each_publish_alone_at_once_its_attempt_not_counted()
         ([2], 1),
         ([3], 1),
     ]
-
-
-def test_a_topic_is_extended_once_lookupd_says_it_takes_headers() -> None:
-    routes = Routes(lookupd=True, hasher=None)
-    assert not routes.extended("t")  # not looked up yet
-    routes.apply("t", partitioned("n0"))
-    assert not routes.extended("t")
-    extended = partitioned("n0")
-    assert extended.meta is not None
-    routes.apply(
-        "t",
-        LookupResult(
-            partitions=extended.partitions, meta=replace(extended.meta, extend_support=True)
-        ),
-    )
-    assert routes.extended("t")
-    routes.apply("plain", LookupResult())  # a standard server: no headers
-    assert not routes.extended("plain")
-    routes.forget("t")
-    assert not routes.extended("t")
