@@ -509,20 +509,30 @@ def test_a_hasher_that_returns_no_int_fails_the_publish() -> None:
     assert "hasher" in str(failed.error)
 
 
+def test_producer_connections_are_records_of_each_nsqd() -> None:
+    core, ids = started(["n1:4150", "n2:4150"])
+    core.publish("t", b"x", 0.0)
+    by_address = {conn.address: conn for conn in core.connections()}
+    assert sorted(by_address) == [("n1", 4150), ("n2", 4150)]
+    assert {a: c.conn_id for a, c in by_address.items()} == {
+        ("n1", 4150): ids["n1:4150"],
+        ("n2", 4150): ids["n2:4150"],
+    }
+    assert {c.state for c in by_address.values()} == {"READY"}
+    # the publish went on one of them: it waits for nsqd's answer there
+    assert sorted(c.outstanding for c in by_address.values()) == [0, 1]
+    (busy,) = [c for c in by_address.values() if c.outstanding]
+    core.receive_data(busy.conn_id, response(b"OK"), 0.1)
+    assert [c.outstanding for c in core.connections()] == [0, 0]
+
+
 def test_producer_close_fails_queued_publishes_and_refuses_new_ones() -> None:
     core = Producer(nsqd_tcp_addresses=["n1:4150"])
     core.start(0.0)
     (connect,) = of_type(core.outputs(), Connect)  # never connected: the publish waits
     rid = core.publish("t", b"x", 0.0)
     assert core.pending == 1
-    (conn,) = core.connections()
-    assert conn == ProducerConnectionInfo(connect.conn_id, ("n1", 4150), "INIT", 0)
-    assert (conn.conn_id, conn.address, conn.state, conn.outstanding) == (
-        connect.conn_id,
-        ("n1", 4150),
-        "INIT",
-        0,
-    )
+    assert core.connections() == [ProducerConnectionInfo(connect.conn_id, ("n1", 4150), "INIT", 0)]
     core.close(1.0)
     out = core.outputs()
     (failed,) = of_type(out, PublishFailed)
