@@ -1,7 +1,9 @@
-"""The consumer's start positions (``nsq_proto/_start_positions.py``), alone: the calls it sends
+"""The consumer's start positions (``nsq_proto/_start_positions.py``): alone, the calls it sends
 to each partition's leader, the decision each answer turns into, and which partitions still
-need their position.  The consumer's side, and the calls against the emulator and a real
-cluster, are in ``test_start_from.py``."""
+need their position; then the consumer's side, its calls to nsqd before it subscribes.  The
+positions themselves are ``test_start_from.py``'s; against the emulator,
+``test_start_positions_x_emulator.py``; against a real cluster,
+``tests/real/test_partitioned.py``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import pytest
 
 from nsq_proto import (
     ConfigError,
+    Connect,
+    Consumer,
     ConsumerConfig,
     HttpRequest,
     LookupdError,
@@ -21,6 +25,8 @@ from nsq_proto._lookupd import Peer
 from nsq_proto._lookupd_client import LookupdClient, NsqdAnswered, NsqdCallFailed
 from nsq_proto._start_positions import Seek, StartPositions
 from nsq_proto._timers import Timers
+
+from .helpers import PARTITIONED_LOOKUP, http_response, of_type, requests_by_target
 
 MSGCOUNT_5 = StartFrom.message_count(5)
 LEADER = Peer(
@@ -128,3 +134,70 @@ def test_only_partitions_with_a_position_are_pending() -> None:
     assert not starts.pending(0) and starts.pending(1)
     starts, _ = positions(start_from=None)
     assert not starts.pending(0)
+
+
+# -- through the consumer: its calls to nsqd -------------------------------------------------
+
+
+def test_start_from_sets_each_partitions_position_before_subscribing() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        ConsumerConfig(start_from=StartFrom.message_count(5)),
+        lookupd_http_addresses=["l:4161"],
+    )
+    core.start(0.0)
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
+    out = core.outputs()
+    assert not of_type(out, Connect)  # no subscription before the position is set
+    calls = requests_by_target(out)
+    assert set(calls) == {
+        ("l", "/listlookup"),  # a partitioned answer: learn the cluster's other lookupd
+        ("n1", "/channel/setoffset"),
+        ("n2", "/channel/setoffset"),
+    }
+    first, second = calls[("n1", "/channel/setoffset")], calls[("n2", "/channel/setoffset")]
+    assert first.port == 4151 and first.data.endswith(b"\r\n\r\nmsgcount:5")
+    assert b"?topic=t&partition=0&channel=c " in first.data
+    # partition 0: set; its connection opens
+    core.http_data(first.request_id, http_response(b"OK"), 0.2)
+    out = core.outputs()
+    assert out[0] == StartFromApplied(("n1", 4150), 0)
+    assert [(o.host, o.port) for o in of_type(out, Connect)] == [("n1", 4150)]
+    # partition 1: the channel does not exist yet: created, then its position set
+    core.http_data(second.request_id, http_response(b"CHANNEL_NOT_FOUND", b"404 Not Found"), 0.3)
+    create = requests_by_target(core.outputs())[("n2", "/channel/create")]
+    core.http_data(create.request_id, http_response(b""), 0.4)
+    again = requests_by_target(core.outputs())[("n2", "/channel/setoffset")]
+    core.http_data(again.request_id, http_response(b"boom", b"500 Internal Server Error"), 0.5)
+    out = core.outputs()
+    (failed,) = of_type(out, StartFromFailed)
+    assert (failed.address, failed.partition) == (("n2", 4150), 1)
+    assert str(failed.error) == (
+        "start_from for partition 1: /channel/setoffset answered HTTP 500: boom"
+    )
+    assert not of_type(out, Connect)  # not consumed from until a later lookup sets it
+
+
+def test_an_nsqd_call_cut_short_is_a_failed_start_from() -> None:
+    core = Consumer(
+        "t", "c", ConsumerConfig(start_from=StartFrom.end()), lookupd_http_addresses=["l:4161"]
+    )
+    core.start(0.0)
+    (lookup,) = of_type(core.outputs(), HttpRequest)
+    core.http_data(lookup.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
+    calls = requests_by_target(core.outputs())
+    setoffset = calls[("n1", "/channel/setoffset")]
+    assert setoffset.data.endswith(b"special:-1")
+    core.http_data(setoffset.request_id, b"", 0.2)  # EOF before a byte of the answer
+    (failed,) = of_type(core.outputs(), StartFromFailed)
+    assert (failed.address, failed.partition) == (("n1", 4150), 0)
+    assert str(failed.error) == "the connection closed before an HTTP response arrived"
+    setoffset = calls[("n2", "/channel/setoffset")]
+    core.http_data(setoffset.request_id, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nOK", 0.3)
+    assert core.outputs() == []  # half a response: waiting for the rest
+    core.http_failed(setoffset.request_id, OSError("connection reset"), 0.4)
+    (failed,) = of_type(core.outputs(), StartFromFailed)
+    assert failed.partition == 1 and str(failed.error).endswith(": connection reset")
+    assert not of_type(core.outputs(), Connect)

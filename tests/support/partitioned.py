@@ -1,6 +1,5 @@
 """A real single-node partitioned cluster (youzan/nsq nsqd and nsqlookupd, and etcd with the v2
-API) on loopback, for the tests against it (``tests/real/test_partitioned.py``, the real twins
-in ``tests/proto/test_start_from.py``).
+API) on loopback, for the tests against it (``tests/real/test_partitioned.py``).
 
 The binaries come from ``NSQD_PARTITIONED``, ``NSQLOOKUPD_PARTITIONED`` and ``ETCD`` (etcd is
 also found on PATH); :data:`NEEDS_CLUSTER` skips a test without them, with the reason."""
