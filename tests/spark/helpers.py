@@ -1,9 +1,18 @@
-"""Helpers of the Spark tests: the emulator driven from test threads, polling."""
+"""Helpers of the Spark tests: the emulator driven from test threads, polling, a real nsqd
+addressed as the Spark options name it, the processes below a driver."""
 
 from __future__ import annotations
 
+import collections
+import json
+import os
+import shutil
+import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal
@@ -11,6 +20,7 @@ from anyio.from_thread import BlockingPortal
 import nsq_anyio
 from nsq_emulator import ChannelStats, MessageInfo, TopicStats
 from nsq_emulator.loopback import EmulatorCluster
+from tests.support.servers import Nsqd
 
 T = TypeVar("T")
 
@@ -121,3 +131,102 @@ def write_available_now(df: Any, out: Any, checkpoint: Any, timeout: float = 180
     earlier ones)."""
     run_available_now(df, out, checkpoint, timeout)
     return list(df.sparkSession.read.parquet(str(out)).collect())
+
+
+NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
+
+
+CHANNEL = "spark"
+
+
+@dataclass
+class Counts:
+    depth: int
+    in_flight: int
+    requeues: int
+
+
+class RealNSQD:
+    """A real nsqd on loopback (``tests/support/servers.Nsqd``), addressed as the Spark
+    options name it: ``address`` (TCP) and ``http``, each ``host:port``."""
+
+    def __init__(self, data: str | Path) -> None:
+        """An nsqd keeping its messages in ``data``, on ports chosen when it starts."""
+        self.server = Nsqd(data=str(data), durable=False)
+
+    @property
+    def address(self) -> str:
+        return self.server.tcp_address
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.server.http}"
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.server.proc
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(timeout=30.0)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def publish(self, topic: str, bodies: list[bytes]) -> None:
+        for i in range(0, len(bodies), 500):
+            request = urllib.request.Request(
+                f"http://{self.http}/mpub?topic={topic}",
+                data=b"\n".join(bodies[i : i + 500]),
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+
+    def counts(self, topic: str) -> Counts | None:
+        url = f"http://{self.http}/stats?format=json&topic={topic}&channel={CHANNEL}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            data: dict[str, Any] = json.load(response)
+        for t in data["topics"]:
+            for c in t["channels"]:
+                if c["channel_name"] == CHANNEL:
+                    return Counts(
+                        c["depth"] + c["deferred_count"], c["in_flight_count"], c["requeue_count"]
+                    )
+        return None
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every live process below it (Linux /proc)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            children[int(fields[1])].append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive

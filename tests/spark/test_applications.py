@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from .helpers import Emulator, wait_for, write_available_now
+from .helpers import NSQD, Emulator, RealNSQD, wait_for, write_available_now
 from .test_cluster import Driver
-from .test_driver_restarts import NSQD, RealNSQD
 
 pytestmark = pytest.mark.spark
 
@@ -350,14 +349,14 @@ class _PeakRSS:
     """The largest resident set of any Python process under ``pid``, sampled every 0.2 s."""
 
     def __init__(self, pid: int) -> None:
-        from .test_driver_restarts import _descendants
+        from .helpers import descendants
 
         self.peak: dict[str, int] = {}
         self._done = threading.Event()
 
         def sample() -> None:
             while not self._done.wait(0.2):
-                for p in _descendants(pid):
+                for p in descendants(pid):
                     try:
                         exe = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0]
                         status = Path(f"/proc/{p}/status").read_text()

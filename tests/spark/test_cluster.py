@@ -35,9 +35,8 @@ from tests.support.load import CpuPressure, wait_while_moving
 from tests.support.net import socket_inodes, tcp_sockets
 
 from ._cluster import ROOT, Cluster, spark_env
-from .helpers import wait_for
+from .helpers import NSQD, RealNSQD, alive, descendants, wait_for
 from .sink_log import SinkLog
-from .test_driver_restarts import NSQD, RealNSQD, _alive, _descendants
 
 pytestmark = [
     pytest.mark.spark,
@@ -154,7 +153,7 @@ class Driver:
         )
 
     def stop(self) -> None:
-        family = _descendants(self.proc.pid)
+        family = descendants(self.proc.pid)
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
             self.proc.stdin.write(b"stop\n")
@@ -165,19 +164,19 @@ class Driver:
                 self.proc.kill()
         if self.proc.stdin is not None:
             self.proc.stdin.close()
-        for pid in _alive(family):
+        for pid in alive(family):
             os.kill(pid, signal.SIGKILL)
         self.log.close()
 
     def kill(self) -> None:
         """``kill -9`` the driver; returns once it and every process it started are gone."""
-        family = _descendants(self.proc.pid)
+        family = descendants(self.proc.pid)
         self.proc.kill()
         self.proc.wait(timeout=60)
         try:
-            wait_for(lambda: not _alive(family), timeout=60, interval=0.1)
+            wait_for(lambda: not alive(family), timeout=60, interval=0.1)
         finally:
-            for pid in _alive(family):
+            for pid in alive(family):
                 os.kill(pid, signal.SIGKILL)
         if self.proc.stdin is not None:
             self.proc.stdin.close()
@@ -504,8 +503,8 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
                 holding, driver.committed, stall=STALL, interval=0.01, what="a task caught"
             )
             assert watch.executors, "over 100 batches, no task was caught holding a connection"
-            victims = _descendants(watch.executors[-1])
-            for pid in _alive(victims):
+            victims = descendants(watch.executors[-1])
+            for pid in alive(victims):
                 os.kill(pid, signal.SIGKILL)
         finally:
             killed_at.set()

@@ -18,30 +18,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import pytest
 
-from tests.support.servers import Nsqd
-
-from .helpers import Emulator, wait_for
+from .helpers import CHANNEL, NSQD, Counts, Emulator, RealNSQD, alive, descendants, wait_for
 
 pytestmark = pytest.mark.spark
 
 ROOT = Path(__file__).resolve().parents[2]
-NSQD = os.environ.get("NSQD") or shutil.which("nsqd")
-CHANNEL = "spark"
-
-
-@dataclass
-class Counts:
-    depth: int
-    in_flight: int
-    requeues: int
 
 
 class Target(Protocol):
@@ -77,59 +64,6 @@ class EmulatedNSQD:
         self.emulator.start_nsqd()
 
 
-class RealNSQD:
-    """A real nsqd on loopback (``tests/support/servers.Nsqd``), addressed as the Spark
-    options name it: ``address`` (TCP) and ``http``, each ``host:port``."""
-
-    def __init__(self, data: str | Path) -> None:
-        """An nsqd keeping its messages in ``data``, on ports chosen when it starts."""
-        self.server = Nsqd(data=str(data), durable=False)
-
-    @property
-    def address(self) -> str:
-        return self.server.tcp_address
-
-    @property
-    def http(self) -> str:
-        return f"127.0.0.1:{self.server.http}"
-
-    @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
-        return self.server.proc
-
-    def start(self) -> None:
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(timeout=30.0)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def publish(self, topic: str, bodies: list[bytes]) -> None:
-        for i in range(0, len(bodies), 500):
-            request = urllib.request.Request(
-                f"http://{self.http}/mpub?topic={topic}",
-                data=b"\n".join(bodies[i : i + 500]),
-                method="POST",
-            )
-            with urllib.request.urlopen(request, timeout=10) as response:
-                assert response.status == 200
-
-    def counts(self, topic: str) -> Counts | None:
-        url = f"http://{self.http}/stats?format=json&topic={topic}&channel={CHANNEL}"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            data: dict[str, Any] = json.load(response)
-        for t in data["topics"]:
-            for c in t["channels"]:
-                if c["channel_name"] == CHANNEL:
-                    return Counts(
-                        c["depth"] + c["deferred_count"], c["in_flight_count"], c["requeue_count"]
-                    )
-        return None
-
-
 @pytest.fixture(scope="module")
 def real_nsqd() -> Iterator[RealNSQD]:
     if not NSQD:
@@ -150,39 +84,6 @@ def target(request: pytest.FixtureRequest, emulator: Emulator) -> Target:
         return EmulatedNSQD(emulator)
     real: RealNSQD = request.getfixturevalue("real_nsqd")
     return real
-
-
-def _descendants(pid: int) -> set[int]:
-    """``pid`` and every live process below it (Linux /proc)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            children[int(fields[1])].append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        todo.extend(children.get(p, []))
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
 
 
 class Driver:
@@ -222,7 +123,7 @@ class Driver:
     def end(self, how: signal.Signals | None) -> float:
         """Send ``how`` to the driver (None: ``query.stop()``); seconds until it and every
         process it started are gone."""
-        family = _descendants(self.proc.pid)
+        family = descendants(self.proc.pid)
         started = time.monotonic()
         assert self.proc.stdin is not None
         if how is None:
@@ -235,9 +136,9 @@ class Driver:
         if how is None:
             assert self.proc.returncode == 0
         try:
-            wait_for(lambda: not _alive(family), timeout=60, interval=0.1)
+            wait_for(lambda: not alive(family), timeout=60, interval=0.1)
         finally:
-            for pid in _alive(family):  # the test failed: leave nothing behind
+            for pid in alive(family):  # the test failed: leave nothing behind
                 os.kill(pid, signal.SIGKILL)
         return time.monotonic() - started
 

@@ -21,8 +21,7 @@ from nsq_spark._options import parse_source_options
 from nsq_spark._planning import Part, plan_batch
 from nsq_spark._staging import Staging, StagingNotShared
 
-from .helpers import Emulator
-from .test_driver_restarts import NSQD
+from .helpers import NSQD, Emulator
 
 # -- options ---------------------------------------------------------------------------------
 

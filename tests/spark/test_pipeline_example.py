@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from ._cluster import ROOT, spark_env
+from .helpers import NSQD, RealNSQD
 from .test_connect import missing
-from .test_driver_restarts import NSQD, RealNSQD
 
 pytestmark = [
     pytest.mark.spark,
