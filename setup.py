@@ -23,8 +23,8 @@ MYPY_REQUIREMENT = "mypy>=1.15"
 
 #: compiled with NSQ_SANSIO_MYPYC=1: the typed core on the hot paths of the consumer and the
 #: producer (frames, messages, commands, the connection, the two cores and their parts: RDY and
-#: backoff, in-flight books, ordered repeats, start positions, the consumer's lifecycle, events,
-#: outputs, states, timers).  The rest stays Python: the configuration (``_config``: its checks
+#: backoff, in-flight books, ordered repeats, start positions, the consumer's lifecycle, its
+#: discovery and its stop procedure, events, outputs, states, timers).  The rest stays Python: the configuration (``_config``: its checks
 #: look at the type of each value given, e.g. ``True`` is not a count, which a compiled
 #: attribute would convert first), the lookupd HTTP/JSON parsing (fed ``bytearray`` by h11), the
 #: handshake features, names, compression, partition hashing, start positions and extension
@@ -36,6 +36,7 @@ MYPYC_MODULES = [
     "nsq_proto/_connection.py",
     "nsq_proto/_consumer.py",
     "nsq_proto/_core.py",
+    "nsq_proto/_discovery.py",
     "nsq_proto/_events.py",
     "nsq_proto/_frames.py",
     "nsq_proto/_in_flight.py",
@@ -50,6 +51,7 @@ MYPYC_MODULES = [
     "nsq_proto/_routes.py",
     "nsq_proto/_start_positions.py",
     "nsq_proto/_state.py",
+    "nsq_proto/_stopping.py",
     "nsq_proto/_timers.py",
     "nsq_proto/commands.py",
 ]

@@ -25,18 +25,14 @@ from ._config import ConfigError, ConsumerConfig, parse_client_addresses
 from ._connection import Connection
 from ._core import ConnectionTable, ReconnectScheduler, parse_address
 from ._discovery import Discovery
-from ._errors import LookupdError
 from ._events import (
     CloseWaitReceived,
     ConnectionClosed,
     ConnId,
     ErrorReceived,
-    LookupFailed,
-    LookupSucceeded,
     MessageGivenUp,
     MessageReceived,
     Ready,
-    StartFromApplied,
     Stopped,
 )
 from ._features import DEFAULT_MAX_RDY_COUNT
@@ -52,21 +48,11 @@ from ._lifecycle import (
     after_stop,
     is_stopping,
 )
-from ._lookupd import LookupResult
-from ._lookupd_client import (
-    HttpAnswer,
-    LookupAnswered,
-    LookupdClient,
-    LookupdFailed,
-    LookupdsLearned,
-    NsqdAnswered,
-)
 from ._message import Message
 from ._names import check_channel, check_topic
 from ._ordered import OrderedRepeats, Repeat
 from ._outputs import Connect, Output
 from ._rdy import ConnRdy, RdyPlanner
-from ._start_positions import StartDecision, StartPositions
 from ._state import CAN_ANSWER, CAN_RDY
 from ._stopping import REQUEUE_GRACE, Step, StopProcedure, closes_now, left_to_answer
 from ._timers import TimerKind, Timers
@@ -91,6 +77,39 @@ class _Conn:
     planned: ConnRdy | None = None
     ready_at: float | None = None
 
+    def take(self, msg_id: bytes, attempts: int | None) -> tuple[Message, bool]:
+        """An answer (FIN or REQ): one delivery of ``msg_id`` off the book, and the repeats
+        part told; the newest delivery, and whether the answer is an older (stale) copy's."""
+        message, stale = self.in_flight.take(msg_id, attempts)
+        if self.repeats is not None:
+            self.repeats.answered(msg_id, message.attempts)
+        return message, stale
+
+    def repeat(self, held: Message | None, message: Message) -> bool:
+        """Whether a delivery on this ordered connection is the server's repeat (not passed
+        on); the FIN its repeats part decides on is sent."""
+        assert self.repeats is not None  # (every ordered connection has its repeats)
+        repeat = self.repeats.delivered(held, message)
+        if repeat is Repeat.NONE:
+            return False
+        if repeat is Repeat.FIN:
+            self.conn.finish(message.id)
+        return True
+
+    def stats(self, rdy: RdyPlanner) -> ConnectionStats:
+        """A snapshot of this connection; ``rdy``: the planner, which keeps its RDY."""
+        conn_id = self.conn_id
+        return ConnectionStats(
+            conn_id,
+            self.key,
+            self.conn.state.value,
+            rdy.rdy(conn_id),
+            len(self.in_flight.held),
+            rdy.last_message_at(conn_id),
+            self.address,
+            self.partition,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionStats:
@@ -113,10 +132,9 @@ class Consumer:
     """Consumer core of one ``topic``/``channel`` subscription (a :class:`ClientCore`).
 
     Composed of its connection table (ids, routing, the connections' deadlines), its
-    discovery (targets, reconnects, lookupd polls), its lookupd client (the HTTP calls), its
-    RDY planner (RDY and backoff), its start positions, its stop procedure and, per
-    connection, an in-flight book and (ordered) a repeats part; it owns ``max_attempts``,
-    and carries out its parts' decisions."""
+    discovery (targets, reconnects, lookupd's calls and polls, start positions), its RDY
+    planner (RDY and backoff), its stop procedure and, per connection, an in-flight book and
+    (ordered) a repeats part; it owns ``max_attempts``, and carries out their decisions."""
 
     def __init__(
         self,
@@ -145,21 +163,17 @@ class Consumer:
         self._reconnects = ReconnectScheduler(
             self._rng, cfg.reconnect_delay, cfg.max_reconnect_delay, cfg.reconnect_jitter
         )
-        self._lookupd = LookupdClient(
-            lookupd,
-            timeout=cfg.lookupd_poll_timeout,
-            user_agent=cfg.user_agent,
-            timers=self._timers,
-            send=self._outputs.append,
-        )
-        self._starts = StartPositions(self.topic, self.channel, cfg, self._lookupd)
         self._discovery = Discovery(
+            self.topic,
+            self.channel,
             cfg,
             self._nsqd,
-            lookupd=bool(lookupd),
+            lookupd,
             rng=self._rng,
             timers=self._timers,
             reconnects=self._reconnects,
+            connect=self._connect,
+            send=self._outputs.append,
         )
         self._stop = StopProcedure(self._timers, cfg.stop_timeout)
         self._rdy = RdyPlanner(
@@ -225,19 +239,19 @@ class Consumer:
 
     def _fire(self, kind: TimerKind, arg: object, now: float) -> None:
         if kind is TimerKind.LOOKUPD_POLL:
-            self._poll(now)
+            self._discovery.poll(now)
         elif kind is TimerKind.LOOKUPD_RECHECK:
-            if self._discovery.recheck_due(now):  # (never once stopping)
-                self._query_lookupd(now)
+            self._discovery.recheck(now)
         elif kind is TimerKind.HTTP_TIMEOUT:
             assert isinstance(arg, int)
-            self._on_http_answer(self._lookupd.timed_out(arg), now)
+            self._discovery.http_timed_out(arg, now)
         elif kind is TimerKind.RECONNECT:
             assert isinstance(arg, tuple)
             address, partition = arg
-            self._connect(address, partition, now)
+            self._connect(address, partition, False)
         elif kind is TimerKind.STOP_TIMEOUT:
-            self._stop_timeout(now)
+            self._leave_all(Step.TIMEOUT, now)
+            self._check_stopped(now)
 
     def _send_rdy(self, conn_id: ConnId, count: int) -> None:
         """Carry out one of the planner's RDY decisions."""
@@ -267,86 +281,35 @@ class Consumer:
     def http_data(self, request_id: int, data: bytes, now: float) -> None:
         """Bytes of a lookupd (or nsqd HTTP API) response (``b""`` at EOF)."""
         self._now = now
-        self._on_http_answer(self._lookupd.http_data(request_id, data, now), now)
+        self._discovery.http_data(request_id, data, now)
 
     def http_failed(self, request_id: int, error: BaseException, now: float) -> None:
         """The driver could not reach lookupd (or nsqd's HTTP API) or the transfer broke."""
         self._now = now
-        self._on_http_answer(self._lookupd.http_failed(request_id, error), now)
-
-    def _on_http_answer(self, answer: HttpAnswer | None, now: float) -> None:
-        if answer is None:
-            return
-        if isinstance(answer, LookupAnswered):
-            self._apply_lookup(answer.address, answer.result, now)
-        elif isinstance(answer, LookupdsLearned):
-            self._discovery.poll_within(now)
-        elif isinstance(answer, LookupdFailed):
-            self._outputs.append(LookupFailed(answer.address, answer.error))
-        elif isinstance(answer, NsqdAnswered):
-            self._on_start_position(self._starts.answered(answer, now), now)
-        else:
-            self._on_start_position(self._starts.failed(answer), now)
-
-    def _on_start_position(self, decision: StartDecision, now: float) -> None:
-        if decision is None:
-            return
-        self._outputs.append(decision)
-        if isinstance(decision, StartFromApplied):
-            # the position is set: consume from the partition now
-            extend = self._discovery.extend_support
-            self._connect(decision.address, decision.partition, now, extend_support=extend)
+        self._discovery.http_failed(request_id, error, now)
 
     # ------------------------------------------------------------------ start and discovery
+    # (which nsqd to connect to is decided by the Discovery of _discovery.py, which asks
+    # lookupd; it hands the targets to _connect)
 
     def start(self, now: float) -> None:
         """Connect to the fixed nsqd list and/or send the first lookupd poll."""
         self._now = now
         self._life = after_start(self._life)
-        for target in self._discovery.fixed_targets():
-            self._connect(target.address, target.partition, now)
-        if self._lookupd.addresses:
-            self._poll(now)
+        self._discovery.start(now)
         self._rdy.start(now)
-
-    def _poll(self, now: float) -> None:
-        if is_stopping(self._life):
-            return
-        self._query_lookupd(now)
-        self._discovery.polled(now)
 
     def poll_lookupd_now(self, now: float, delay: float = 0.0) -> None:
         """Poll lookupd at ``now + delay`` unless a poll is already due sooner."""
         self._now = now
         self._discovery.poll_within(now, delay)  # (nothing once stopping)
 
-    def _query_lookupd(self, now: float) -> None:
-        self._lookupd.lookup(self.topic, "r", now)
-        self._lookupd.refresh_cluster(now)
-
-    def _apply_lookup(self, address: tuple[str, int], result: LookupResult, now: float) -> None:
-        if is_stopping(self._life):
-            return
-        plan = self._discovery.lookup(result, now)
-        starts = self._starts
-        for target in plan.targets:
-            pid, leader = target.partition, target.leader
-            if pid is not None and leader is not None and starts.pending(pid):
-                starts.seek(leader, pid, now)  # connects once the position is set
-            else:
-                self._connect(target.address, pid, now, extend_support=target.extend_support)
-        self._outputs.append(LookupSucceeded(address, plan.keys, result.topic_found))
-
     # ------------------------------------------------------------------ connections
 
     def _connect(
-        self,
-        address: tuple[str, int],
-        partition: int | None,
-        now: float,
-        *,
-        extend_support: bool = False,
+        self, address: tuple[str, int], partition: int | None, extend_support: bool
     ) -> None:
+        """Open a connection to a target of the discovery (unless one is open already)."""
         if is_stopping(self._life):
             return
         discovery = self._discovery
@@ -421,7 +384,8 @@ class Consumer:
                     out.append(MessageGivenUp(rec.conn_id, message, finish))
                     continue
                 held = in_flight.get(message.id)
-                if rec.ordered and self._repeat(rec, held, message):
+                if rec.ordered and rec.repeat(held, message):
+                    self.repeats_dropped += 1
                     if planned is not None:
                         rdy.message_received(planned, now, False)
                     continue
@@ -456,18 +420,6 @@ class Consumer:
                     conn.close("consumer stopped")
             else:
                 out.append(item)
-
-    def _repeat(self, rec: _Conn, held: Message | None, message: Message) -> bool:
-        """Whether a delivery on an ordered connection is the server's repeat (not passed on);
-        the FIN its part decides on is sent."""
-        assert rec.repeats is not None  # (every ordered connection has its repeats)
-        repeat = rec.repeats.delivered(held, message)
-        if repeat is Repeat.NONE:
-            return False
-        if repeat is Repeat.FIN:
-            rec.conn.finish(message.id)
-        self.repeats_dropped += 1
-        return True
 
     def _on_ready(self, rec: _Conn, now: float) -> None:
         rec.ready_at = now
@@ -526,19 +478,6 @@ class Consumer:
 
     # ------------------------------------------------------------------ message answers
 
-    def _take(
-        self, conn_id: ConnId, msg_id: bytes, attempts: int | None
-    ) -> tuple[_Conn, Message, bool] | None:
-        """Take one delivery of ``msg_id`` off the connection's book: the connection, the
-        newest delivery, and whether the answer comes from an older (stale) copy."""
-        rec = self._conns.get(conn_id)
-        if rec is None:
-            return None  # the connection is gone: nsqd will deliver the message again
-        message, stale = rec.in_flight.take(msg_id, attempts)
-        if rec.repeats is not None:
-            rec.repeats.answered(msg_id, message.attempts)
-        return rec, message, stale
-
     def finish(
         self, conn_id: ConnId, msg_id: bytes, now: float, *, attempts: int | None = None
     ) -> bool:
@@ -566,10 +505,9 @@ class Consumer:
             elif (planned := rec.planned) is not None:
                 rdy.answered(planned, now)
             return True
-        taken = self._take(conn_id, msg_id, attempts)
-        if taken is None:
-            return False
-        rec, _, stale = taken
+        if rec is None:
+            return False  # the connection is gone: nsqd will deliver the message again
+        _, stale = rec.take(msg_id, attempts)
         self.messages_finished += 1
         rec.conn.finish_delivered(msg_id)
         if rec.repeats is not None and rec.repeats.finished(msg_id):
@@ -616,10 +554,10 @@ class Consumer:
         The REQ of an older copy (``attempts`` below the newest delivery's) is not sent: it
         would requeue the newer delivery, which the application is still processing."""
         self._now = now
-        taken = self._take(conn_id, msg_id, attempts)
-        if taken is None:
-            return False
-        rec, message, stale = taken
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            return False  # the connection is gone: nsqd will deliver the message again
+        message, stale = rec.take(msg_id, attempts)
         if stale:
             self._after_answer(rec, now)
             return True
@@ -696,31 +634,20 @@ class Consumer:
         still arrives; each connection closes once nsqd confirmed the CLS (CLOSE_WAIT: it sends
         nothing more), at the latest after :data:`REQUEUE_GRACE` seconds."""
         self._now = now
-        if is_stopping(self._life):
-            if requeue_unanswered:
-                self._requeue_unanswered(now)
+        if not is_stopping(self._life):
+            self._life = after_stop(self._life, False)
+            self._rdy.stop()
+            self._discovery.stop(now)
+            self._leave_all(Step.STOP, now)
+            self._stop.begin(now)
+        elif not requeue_unanswered:
             return
-        self._life = after_stop(self._life, False)
-        self._discovery.stop()
-        self._rdy.stop()
-        for answer in self._lookupd.cancel_all(LookupdError("consumer stopping")):
-            self._on_http_answer(answer, now)
-        self._leave_all(Step.STOP, now)
-        self._stop.begin(now)
         if requeue_unanswered:
-            self._requeue_unanswered(now)
-        self._check_stopped(now)
-
-    def _requeue_unanswered(self, now: float) -> None:
-        """REQ every unanswered message now and every one still arriving; a connection
-        closes on CLOSE_WAIT (or at once when it is not waiting for one)."""
-        self._life = after_stop(self._life, True)
-        self._stop.hurry(now)
-        self._leave_all(Step.REQUEUE, now)
-        self._check_stopped(now)
-
-    def _stop_timeout(self, now: float) -> None:
-        self._leave_all(Step.TIMEOUT, now)
+            # every unanswered message now and every one still arriving is requeued; a
+            # connection closes on CLOSE_WAIT (or at once when it is not waiting for one)
+            self._life = after_stop(self._life, True)
+            self._stop.hurry(now)
+            self._leave_all(Step.REQUEUE, now)
         self._check_stopped(now)
 
     def _leave_all(self, step: Step, now: float) -> None:
@@ -775,25 +702,13 @@ class Consumer:
     def connections(self) -> list[ConnectionStats]:
         """A snapshot of every connection (connecting, subscribed or closing), in the order
         opened: see :class:`ConnectionStats`."""
-        return [self._stats(rec) for rec in self._conns.values()]
-
-    def _stats(self, rec: _Conn) -> ConnectionStats:
-        return ConnectionStats(
-            rec.conn_id,
-            rec.key,
-            rec.conn.state.value,
-            self._rdy.rdy(rec.conn_id),
-            len(rec.in_flight.held),
-            self._rdy.last_message_at(rec.conn_id),
-            rec.address,
-            rec.partition,
-        )
+        return [rec.stats(self._rdy) for rec in self._conns.values()]
 
     def connection_stats(self, conn_id: ConnId) -> ConnectionStats | None:
         """A snapshot of one connection (as :meth:`connections` gives), or None once it is
         gone."""
         rec = self._conns.get(conn_id)
-        return self._stats(rec) if rec is not None else None
+        return rec.stats(self._rdy) if rec is not None else None
 
     def connection(self, conn_id: ConnId) -> Connection | None:
         """The connection's own machine (its state, negotiated features, layout), or None

@@ -1,9 +1,12 @@
 """The in-flight book of one consumer connection (``nsq_proto/_in_flight.py``), alone: what it
 holds after deliveries, answers and a requeue of everything, and the error of an answer to a
 message it does not hold; then, as a Hypothesis state machine, that any sequence of those keeps
-its counts and never loses a delivery that is owed an answer."""
+its counts and never loses a delivery that is owed an answer; and the bulk answers' grouping
+per connection (``take_many``, ``newest_many``) over plain records."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import settings
@@ -11,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from nsq_proto import LocalProtocolError, Message
-from nsq_proto._in_flight import InFlight
+from nsq_proto._in_flight import InFlight, newest_many, take_many
 
 
 def delivery(n: int, attempts: int = 1) -> Message:
@@ -72,6 +75,89 @@ def test_drop_all_hands_back_every_id_held_once_in_delivery_order() -> None:
     assert book.drop_all() == [delivery(3).id, delivery(1).id, delivery(2).id]
     assert len(book) == 0 and not book.copies
     assert book.drop_all() == []
+
+
+@dataclass
+class Record:
+    """A connection's record as the bulk answers read it."""
+
+    in_flight: InFlight
+    ordered: bool = False
+
+
+def records(*ordered: bool) -> dict[int, Record]:
+    """One record per flag, ids 1, 2, ...; each holding deliveries 1 to 3."""
+    recs = {}
+    for conn_id, flag in enumerate(ordered, 1):
+        book = InFlight(conn_id)
+        for n in (1, 2, 3):
+            book.deliver(delivery(n))
+        recs[conn_id] = Record(book, flag)
+    return recs
+
+
+def test_take_many_groups_the_fins_per_connection_in_the_order_named() -> None:
+    recs = records(False, False)
+    d1, d2, d3 = delivery(1).id, delivery(2).id, delivery(3).id
+    bulk = take_many(recs, [(2, d2, None), (1, d1, 1), (2, d1, None), (9, d1, None)], no_one)
+    assert [(rec is recs[c], ids) for c, (rec, ids) in bulk.groups.items()] == [
+        (True, [d2, d1]),
+        (True, [d1]),
+    ]
+    assert list(bulk.groups) == [2, 1]  # the connection first named first
+    assert (bulk.sent, bulk.fresh, bulk.error) == (3, True, None)  # conn 9 is gone: skipped
+    assert [m.id for m in recs[2].in_flight.messages()] == [d3]
+
+
+def test_take_many_hands_ordered_and_repeated_answers_on_one_by_one() -> None:
+    recs = records(True, False)
+    recs[2].in_flight.deliver(delivery(2, attempts=2))  # a copy: its book has copies
+    d1, d2 = delivery(1).id, delivery(2).id
+    singles: list[tuple[int, bytes, int | None]] = []
+
+    def one(conn_id: int, msg_id: bytes, attempts: int | None) -> bool:
+        singles.append((conn_id, msg_id, attempts))
+        return conn_id == 1
+
+    bulk = take_many(recs, [(1, d1, None), (2, d1, None), (2, d2, 1)], one)
+    assert singles == [(1, d1, None), (2, d1, None), (2, d2, 1)]
+    assert bulk.groups == {} and bulk.sent == 1 and not bulk.fresh
+
+
+def test_take_many_goes_on_after_a_message_not_held_and_keeps_the_first_error() -> None:
+    recs = records(False, True)
+    d1 = delivery(1).id
+
+    def refuse(conn_id: int, msg_id: bytes, attempts: int | None) -> bool:
+        raise LocalProtocolError("refused one by one")
+
+    bulk = take_many(recs, [(1, b"x" * 16, None), (2, d1, None), (1, d1, None)], refuse)
+    assert bulk.error is not None and "not in flight on connection 1" in str(bulk.error)
+    assert [ids for _, ids in bulk.groups.values()] == [[d1]] and bulk.sent == 1
+
+
+def test_an_older_copys_fin_alone_is_not_fresh() -> None:
+    recs = records(False)
+    recs[1].in_flight.hold(delivery(1, attempts=3))
+    bulk = take_many(recs, [(1, delivery(1).id, 2)], no_one)
+    assert bulk.sent == 1 and not bulk.fresh
+
+
+def test_newest_many_groups_the_touches_of_newest_deliveries_and_changes_no_book() -> None:
+    recs = records(False, True)
+    recs[2].in_flight.deliver(delivery(2, attempts=2))
+    d1, d2 = delivery(1).id, delivery(2).id
+    bulk = newest_many(
+        recs, [(1, d1, None), (2, d2, 1), (2, d2, 2), (3, d1, None), (1, b"y" * 16, None)]
+    )
+    assert [(c, ids) for c, (_, ids) in bulk.groups.items()] == [(1, [d1]), (2, [d2])]
+    assert bulk.sent == 2  # the older copy (attempts 1) and the gone connection skipped
+    assert bulk.error is not None and "not in flight" in str(bulk.error)
+    assert len(recs[1].in_flight) == 3 and len(recs[2].in_flight) == 3
+
+
+def no_one(conn_id: int, msg_id: bytes, attempts: int | None) -> bool:
+    raise AssertionError("nothing goes one by one here")
 
 
 class InFlightBook(RuleBasedStateMachine):
