@@ -332,3 +332,20 @@ def test_connections_and_rdy_split_under_max_rdy_count() -> None:
 
 def _json(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+def test_sparks_read_limits_are_one_kind_and_amount() -> None:
+    """The planning module tells pyspark's limits apart without importing pyspark."""
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxBytes,
+        ReadMaxFiles,
+        ReadMaxRows,
+        ReadMinRows,
+    )
+
+    assert read_limit(ReadMaxRows(5)) == ("rows", 5)
+    assert read_limit(ReadMaxBytes(1000)) == ("bytes", 1000)
+    assert read_limit(ReadMinRows(7)) == ("min_rows", 7)
+    assert read_limit(ReadAllAvailable()) == ("all", 0)
+    assert read_limit(ReadMaxFiles(3)) == ("all", 0)
