@@ -2,12 +2,13 @@
 
 ``nsq-sansio serve`` (the emulator on loopback), ``pub``, ``tail``, ``stats``, ``demo`` and
 ``worker`` (an application's handler run as a service); also run as ``python -m nsq_cli``.
-``python -m nsq_emulator`` is its ``serve`` alone.
-It sits above the client: it runs on :mod:`nsq_anyio` and serves :mod:`nsq_emulator`, and
-neither imports it.  The script is installed with the
-package; it needs the ``anyio`` extra (``pip install "nsq-sansio[anyio]"``), and without it
-says so (exit status 1).  See the documentation's "Command line" page for the options and
-the exit statuses.
+``python -m nsq_emulator`` is its ``serve`` alone: the emulator's own program, which the
+``serve`` command runs.  Each command is a module of this package (``_serve``, ``_pub``,
+``_tail``, ``_stats``, ``_demo``, ``_worker``), run by ``_cli``.  It sits above the client: it
+runs on :mod:`nsq_anyio` and serves :mod:`nsq_emulator`, and neither imports it.  The script
+is installed with the package; it needs the ``anyio`` extra (``pip install
+"nsq-sansio[anyio]"``), and without it says so (exit status 1).  See the documentation's
+"Command line" page for the options and the exit statuses.
 """
 
 from __future__ import annotations
@@ -33,13 +34,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
 
 
 def serve_main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
-    """``serve`` alone, as a program of its own (``python -m nsq_emulator``): the same options,
-    checks, output and exit statuses."""
-    try:
-        from ._cli import serve_main as run
-    except ModuleNotFoundError as exc:
-        return _missing(exc)
-    return run(argv, prog=prog)
+    """``serve`` alone, as a program of its own: ``python -m nsq_emulator``, which it runs
+    (the same options, checks, output and exit statuses)."""
+    from nsq_emulator._serve import main as serve
+
+    return serve(argv, prog=prog)
 
 
 def _missing(error: ModuleNotFoundError) -> int:
