@@ -69,9 +69,11 @@ COMMANDS: tuple[Command, ...] = (_serve, _pub, _tail, _stats, _demo, _worker)
 
 
 def _parser(
-    prog: str | None,
+    prog: str | None, chosen: str | None
 ) -> tuple[argparse.ArgumentParser, dict[str, Command], dict[str, argparse.ArgumentParser]]:
-    """The parser of the command line, and each command and its parser by name."""
+    """The parser of the command line, and each command and its parser by name.  Only the
+    ``chosen`` command's arguments are added: describing them may import what the command
+    needs (``serve``: the emulator), which the other commands do not load."""
     parser = new_parser(prog=prog, description="NSQ on anyio")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     commands: dict[str, Command] = {}
@@ -82,7 +84,8 @@ def _parser(
             options["epilog"] = command.EPILOG
             options["formatter_class"] = argparse.RawDescriptionHelpFormatter
         parsers[command.NAME] = sub.add_parser(command.NAME, **options)
-        command.add_arguments(parsers[command.NAME])
+        if chosen == command.NAME:
+            command.add_arguments(parsers[command.NAME])
         commands[command.NAME] = command
     return parser, commands, parsers
 
@@ -91,8 +94,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     """Run the command line on ``argv`` (default: ``sys.argv[1:]``) and return its exit status;
     ``prog`` is the program's name in its usage (default: the name it was started by, e.g.
     ``nsq-sansio``)."""
-    parser, commands, parsers = _parser(prog)
-    args = parse(parser, argv, parsers)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # the command is the first word that is not an option (the program's own are -h, --help)
+    chosen = next((word for word in words if not word.startswith("-")), None)
+    parser, commands, parsers = _parser(prog, chosen)
+    args = parse(parser, words, parsers)
     command = commands[args.command]
     command.check_usage(parsers[args.command], args)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")

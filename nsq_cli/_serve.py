@@ -1,13 +1,12 @@
 """``serve``: the emulator (one nsqd and an nsqlookupd) on loopback until stopped.
 
 The options, their checks and the serving are the emulator's own (``python -m nsq_emulator``
-is the same program): this command runs them under the command line's runner."""
+is the same program): this command runs them under the command line's runner.  The emulator
+is imported only when this command is chosen, so that the others do not load it."""
 
 from __future__ import annotations
 
 import argparse
-
-from nsq_emulator import _serve as emulator
 
 from ._output import Failure
 
@@ -17,11 +16,22 @@ NAME = "serve"
 HELP = "run the NSQ emulator on loopback"
 EPILOG: str | None = None
 
-add_arguments = emulator.add_arguments
-check_usage = emulator.check_usage
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from nsq_emulator import _serve as emulator
+
+    emulator.add_arguments(parser)
+
+
+def check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from nsq_emulator import _serve as emulator
+
+    emulator.check_usage(parser, args)
 
 
 async def run(args: argparse.Namespace) -> int:
+    from nsq_emulator import _serve as emulator
+
     try:
         return await emulator.serve(args)
     except emulator.ServeError as exc:

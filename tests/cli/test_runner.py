@@ -127,3 +127,21 @@ def test_the_command_line_without_anyio_says_which_extra_it_needs() -> None:
     serve = "from nsq_cli import serve_main; sys.exit(serve_main())"
     out = run("--tcp-port", "0", program=program_with(["trio"], serve))
     assert_runtime_error(out, 'pip install "nsq-sansio[anyio]"')
+
+
+#: which of the emulator's modules a command line run in this process loaded
+LOADED = (
+    "import sys\n"
+    "from nsq_cli import main\n"
+    "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+    "print(sorted(m for m in sys.modules if m.partition('.')[0] == 'nsq_emulator'))\n"
+)
+
+
+@pytest.mark.parametrize("command", ["pub", "tail", "stats", "worker"])
+def test_the_commands_that_do_not_serve_do_not_load_the_emulator(command: str) -> None:
+    out = run(command, "--help", program=[sys.executable, "-c", LOADED], timeout=10)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout[-300:]
+    out = run("serve", "--help", program=[sys.executable, "-c", LOADED], timeout=10)
+    assert "nsq_emulator._serve" in out.stdout.splitlines()[-1], out.stdout[-300:]
