@@ -12,8 +12,8 @@ import nsq_emulator as emu
 
 PACKAGE = Path(emu.__file__).parent
 #: the emulator's modules that do I/O: the loopback host (anyio), the fault proxy (anyio),
-#: ``python -m nsq_emulator`` and the pytest plugin
-HOSTS = {"loopback.py", "proxy.py", "__main__.py", "pytest_plugin.py"}
+#: ``python -m nsq_emulator`` (``__main__`` and its serving, ``_serve``) and the pytest plugin
+HOSTS = {"loopback.py", "proxy.py", "__main__.py", "_serve.py", "pytest_plugin.py"}
 FORBIDDEN_MODULES = {
     "socket",
     "ssl",
