@@ -55,7 +55,8 @@ class Command(Protocol):
     def EPILOG(self) -> str | None:
         """The end of its ``--help`` (kept as it is written), or None."""
 
-    def add_arguments(self, parser: argparse.ArgumentParser, /) -> None: ...
+    def add_arguments(self, parser: argparse.ArgumentParser, /) -> None:
+        """Its arguments and options, each with its help (and its default, when it has one)."""
 
     def check_usage(self, parser: argparse.ArgumentParser, args: argparse.Namespace, /) -> None:
         """What argparse cannot check alone: ``parser.error(...)`` (exit status 2)."""
