@@ -29,7 +29,6 @@ callback the consumer gives) and the first error.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from ._errors import LocalProtocolError
@@ -131,16 +130,18 @@ class Booked(Protocol):
 R = TypeVar("R", bound=Booked)
 
 
-@dataclass(slots=True)
 class Bulk(Generic[R]):
     """The answers of a bulk call, grouped: per connection (in the order first named) its
     record and the ids to write in one command; how many answers are sent (grouped and one by
     one); whether one of them is a fresh delivery's (not an older copy's); the first error."""
 
-    groups: dict[ConnId, tuple[R, list[bytes]]] = field(default_factory=dict)
-    sent: int = 0
-    fresh: bool = False
-    error: LocalProtocolError | None = None
+    __slots__ = ("error", "fresh", "groups", "sent")
+
+    def __init__(self) -> None:
+        self.groups: dict[ConnId, tuple[R, list[bytes]]] = {}
+        self.sent = 0
+        self.fresh = False
+        self.error: LocalProtocolError | None = None
 
     def add(self, conn_id: ConnId, rec: R, msg_id: bytes) -> None:
         entry = self.groups.get(conn_id)
