@@ -31,6 +31,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Final
 
 from ._config import ConfigError, ConsumerConfig
 from ._core import ReconnectScheduler
@@ -51,10 +52,10 @@ from ._partitioned import TOPOLOGY_CHANGED
 from ._start_positions import StartDecision, StartPositions
 from ._timers import TimerKind, Timers
 
-__all__ = ["AfterLoss", "Connect", "Discovery", "LookupPlan", "Target", "target_key"]
+__all__ = ["AfterLoss", "ConnectTarget", "Discovery", "LookupPlan", "Target", "target_key"]
 
 #: seconds before lookupd is asked again after nsqd said the topic's topology changed (go-nsq)
-TOPOLOGY_RECHECK_DELAY = 1.0
+TOPOLOGY_RECHECK_DELAY: Final = 1.0
 
 
 def target_key(address: tuple[str, int], partition: int | None) -> str:
@@ -87,7 +88,7 @@ class LookupPlan:
 
 #: the consumer's callback: connect to ``address`` (its ``partition``) now; ``extend_support``:
 #: the topic is extended
-Connect = Callable[[tuple[str, int], int | None, bool], None]
+ConnectTarget = Callable[[tuple[str, int], int | None, bool], None]
 
 
 class AfterLoss(Enum):
@@ -135,7 +136,7 @@ class Discovery:
         rng: random.Random,
         timers: Timers,
         reconnects: ReconnectScheduler,
-        connect: Connect,
+        connect: ConnectTarget,
         send: Callable[[Output], None],
     ) -> None:
         self._lookupd = LookupdClient(
