@@ -19,6 +19,7 @@ from nsq_proto import (
     LookupSucceeded,
     Output,
     StartFrom,
+    StartFromFailed,
 )
 from nsq_proto._core import ReconnectScheduler
 from nsq_proto._discovery import AfterLoss, Discovery, Target, target_key
@@ -211,6 +212,27 @@ def test_a_partition_with_a_start_position_is_connected_once_the_position_is_set
     s.discovery.http_data(seek.request_id, http_response(b"{}"), 0.2)
     s.discovery.http_data(seek.request_id, b"", 0.2)
     assert s.connects == [(N2, 1, False)]
+
+
+def test_a_partition_whose_position_could_not_be_set_is_not_connected() -> None:
+    s = Setup(lookupd=(("l", 4161),), start_from=StartFrom.message_count(5))
+    s.discovery.poll(0.0)
+    (request,) = s.lookups()
+    s.discovery.http_data(request.request_id, http_response(PARTITIONED_LOOKUP), 0.1)
+    s.discovery.http_data(request.request_id, b"", 0.1)
+    seeks = requests_by_target(s.sent)
+    s.sent.clear()
+    missing = seeks[("n1", "/channel/setoffset")]
+    answer = http_response(b"CHANNEL_NOT_FOUND", b"404 Not Found")
+    s.discovery.http_data(missing.request_id, answer, 0.2)
+    s.discovery.http_data(missing.request_id, b"", 0.2)
+    assert list(requests_by_target(s.sent)) == [("n1", "/channel/create")]  # nothing decided
+    s.sent.clear()
+    failing = seeks[("n2", "/channel/setoffset")]
+    s.discovery.http_failed(failing.request_id, OSError("refused"), 0.3)
+    (failed,) = s.sent
+    assert isinstance(failed, StartFromFailed) and failed.partition == 1
+    assert s.connects == []
 
 
 def test_a_failed_lookup_and_a_timed_out_one_are_reported() -> None:
