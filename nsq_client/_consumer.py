@@ -32,7 +32,15 @@ from nsq_proto.wire import NON_FATAL_ERRORS
 
 from ._backend import Backend
 from ._client import ClientBase
-from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin, check_handler
+from ._message import (
+    CHECKPOINT_EVERY,
+    GiveUpHook,
+    Handler,
+    Message,
+    _Inbox,
+    _Origin,
+    check_handler,
+)
 from ._options import ConsumerOptions, build_config, chose_max_in_flight
 from ._stats import ConsumerStats
 from ._telemetry import consumers as _consumers
@@ -226,7 +234,10 @@ class Consumer(ClientBase):
             origin = self._origins.get(event.conn_id)
             if origin is None:
                 origin = self._origin(event.conn_id)
-            self._inbox.put(Message(origin, event.message))
+            inbox = self._inbox
+            inbox.items.append(Message(origin, event.message))  # the inbox's put, inline
+            if inbox.waiters:
+                inbox.waiters.popleft().set()
             return
         if _telemetry.active is not None:  # nsq_client.otel: connection and lookupd counters
             _telemetry.active.consumer_event(self, event)
@@ -408,12 +419,18 @@ class Consumer(ClientBase):
     async def _worker(self, handler: Handler) -> None:
         _HANDLING.set(self)  # this task's own context: what its handlers call sees it
         inbox = self._inbox
+        items = inbox.items
+        taken = 0
         while True:
-            message = inbox.take()
-            if message is None:
-                message = await inbox.wait_next()
-                if message is None:
+            taken += 1
+            if items and taken % CHECKPOINT_EVERY:
+                # (the inbox's take, inline: once per message)
+                message = items.popleft()
+            else:
+                next_message = await inbox.wait_next()
+                if next_message is None:
                     return
+                message = next_message
             try:
                 if _telemetry.active is None:
                     await handler(message)

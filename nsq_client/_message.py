@@ -36,7 +36,7 @@ __all__ = ["GiveUpHook", "Handler", "Message"]
 
 #: answers given by an application task without waiting are sent together; every this many
 #: messages taken without waiting, the consumer yields to the loop once anyway
-_CHECKPOINT_EVERY = 1024
+CHECKPOINT_EVERY = 1024
 
 
 class _Origin:
@@ -196,33 +196,33 @@ class _Inbox:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
-        self._items: deque[Message] = deque()
-        self._waiters: deque[EventLike] = deque()
+        self.items: deque[Message] = deque()
+        self.waiters: deque[EventLike] = deque()
         self.closed = False
         self._taken = 0
 
     def put(self, item: Message) -> None:
-        self._items.append(item)
-        if self._waiters:
-            self._waiters.popleft().set()
+        self.items.append(item)
+        if self.waiters:
+            self.waiters.popleft().set()
 
     def close(self) -> None:
         self.closed = True
-        while self._waiters:
-            self._waiters.popleft().set()
+        while self.waiters:
+            self.waiters.popleft().set()
 
     def drain(self) -> list[Message]:
-        items = list(self._items)
-        self._items.clear()
+        items = list(self.items)
+        self.items.clear()
         return items
 
     def take(self) -> Message | None:
         """The next message if one waits and no checkpoint is due, else None (then
         :meth:`wait_next`): a worker's way to the next message without a coroutine each."""
         self._taken += 1
-        if self._items and self._taken % _CHECKPOINT_EVERY:
+        if self.items and self._taken % CHECKPOINT_EVERY:
             # no checkpoint: answers given meanwhile go out together when this task waits
-            return self._items.popleft()
+            return self.items.popleft()
         return None
 
     async def get(self) -> Message | None:
@@ -234,23 +234,23 @@ class _Inbox:
         """After :meth:`take` gave None: yield to the loop, then the next message (waiting for
         one), or None once closed and empty."""
         await self._backend.checkpoint()
-        while not self._items:
+        while not self.items:
             if self.closed:
                 return None
             event = self._backend.event()
-            self._waiters.append(event)
+            self.waiters.append(event)
             try:
                 await event.wait()
             except BaseException:
                 if event.is_set():
                     # woken for a message, then cancelled: hand the wake-up on
-                    if self._items and self._waiters:
-                        self._waiters.popleft().set()
+                    if self.items and self.waiters:
+                        self.waiters.popleft().set()
                 else:
                     with suppress(ValueError):
-                        self._waiters.remove(event)
+                        self.waiters.remove(event)
                 raise
-        return self._items.popleft()
+        return self.items.popleft()
 
     async def get_many(self, limit: int) -> list[Message]:
         """Wait for the next message, then take up to ``limit`` of those waiting (an empty
@@ -258,7 +258,7 @@ class _Inbox:
         first = await self.get()
         if first is None:
             return []
-        items = self._items
+        items = self.items
         if len(items) < limit:
             out = [first, *items]
             items.clear()

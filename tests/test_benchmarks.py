@@ -48,6 +48,15 @@ def test_the_core_benchmarks_run() -> None:
     figure(run(str(BENCHMARKS / "decode.py"), "--count", "20000"), "connection_receive_fin_per_s")
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio", "nsq_trio"])
+def test_the_client_path_benchmark_runs(backend: str) -> None:
+    output = run(
+        str(BENCHMARKS / "client_path.py"), "--backend", backend, "--count", "5000", "--rounds", "1"
+    )
+    for name in ("client", "parse_fin", "handler_floor"):
+        figure(output, f"{name}_cpu_us_per_msg")
+
+
 real = pytest.mark.real_nsqd
 
 
