@@ -32,15 +32,7 @@ from nsq_proto.wire import NON_FATAL_ERRORS
 
 from ._backend import Backend
 from ._client import ClientBase
-from ._message import (
-    CHECKPOINT_EVERY,
-    GiveUpHook,
-    Handler,
-    Message,
-    _Inbox,
-    _Origin,
-    check_handler,
-)
+from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin, check_handler
 from ._options import ConsumerOptions, build_config, chose_max_in_flight
 from ._stats import ConsumerStats
 from ._telemetry import consumers as _consumers
@@ -419,18 +411,12 @@ class Consumer(ClientBase):
     async def _worker(self, handler: Handler) -> None:
         _HANDLING.set(self)  # this task's own context: what its handlers call sees it
         inbox = self._inbox
-        items = inbox.items
-        taken = 0
         while True:
-            taken += 1
-            if items and taken % CHECKPOINT_EVERY:
-                # (the inbox's take, inline: once per message)
-                message = items.popleft()
-            else:
-                next_message = await inbox.wait_next()
-                if next_message is None:
+            message = inbox.take()
+            if message is None:
+                message = await inbox.wait_next()
+                if message is None:
                     return
-                message = next_message
             try:
                 if _telemetry.active is None:
                     await handler(message)

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from nsq_anyio._backend import AnyioBackend
-from nsq_client._message import _CHECKPOINT_EVERY, Message, _Inbox
+from nsq_client._message import CHECKPOINT_EVERY, Message, _Inbox
 
 pytestmark = pytest.mark.anyio
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_a_worker_that_never_waits_yields_to_the_loop(anyio_backend: str) -> None:
     inbox = _Inbox(AnyioBackend())
-    count = 3 * _CHECKPOINT_EVERY + 10
+    count = 3 * CHECKPOINT_EVERY + 10
     for i in range(count):
         inbox.put(cast(Message, i))
     inbox.close()
@@ -51,7 +51,7 @@ async def test_a_worker_that_never_waits_yields_to_the_loop(anyio_backend: str) 
     # see the same tick, never three: a worker that did not yield would take all in one run
     runs = [seen_at.count(t) for t in sorted(set(seen_at))]
     assert len(runs) >= 2
-    assert max(runs) <= 2 * _CHECKPOINT_EVERY < count
+    assert max(runs) <= 2 * CHECKPOINT_EVERY < count
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
