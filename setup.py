@@ -24,7 +24,8 @@ MYPY_REQUIREMENT = "mypy>=1.15"
 #: compiled with NSQ_SANSIO_MYPYC=1: the typed core on the hot paths of the consumer and the
 #: producer (frames, messages, commands, the connection, the two cores and their parts: RDY and
 #: backoff, in-flight books, ordered repeats, start positions, the consumer's lifecycle, its
-#: discovery and its stop procedure, events, outputs, states, timers).  The rest stays Python: the configuration (``_config``: its checks
+#: discovery and its stop procedure, the producer's topic lookups, events, outputs, states,
+#: timers).  The rest stays Python: the configuration (``_config``: its checks
 #: look at the type of each value given, e.g. ``True`` is not a count, which a compiled
 #: attribute would convert first), the lookupd HTTP/JSON parsing (fed ``bytearray`` by h11), the
 #: handshake features, names, compression, partition hashing, start positions and extension
@@ -53,6 +54,7 @@ MYPYC_MODULES = [
     "nsq_proto/_state.py",
     "nsq_proto/_stopping.py",
     "nsq_proto/_timers.py",
+    "nsq_proto/_topic_lookups.py",
     "nsq_proto/commands.py",
 ]
 

@@ -26,7 +26,6 @@ from ._core import ConnectionTable, ReconnectScheduler
 from ._errors import (
     ConnectionClosedError,
     LocalProtocolError,
-    LookupdError,
     NSQError,
     PublishTimeout,
     ServerError,
@@ -35,14 +34,11 @@ from ._errors import (
 from ._events import (
     ConnectionClosed,
     ConnId,
-    LookupFailed,
     PublishFailed,
     PublishSucceeded,
     Ready,
 )
-from ._lookupd import LookupResult
-from ._lookupd_client import HttpAnswer, LookupAnswered, LookupdClient, LookupdFailed
-from ._lookupd_schedule import RouteRefresh
+from ._lookupd_client import HttpAnswer
 from ._names import check_topic
 from ._outputs import Connect, Output
 from ._partitioned import TOPOLOGY_CHANGED
@@ -51,6 +47,7 @@ from ._reachability import Reachability
 from ._routes import Routes
 from ._state import ConnectionState
 from ._timers import TimerKind, Timers
+from ._topic_lookups import Routed, TopicLookups
 
 __all__ = ["ProducerConfig", "Producer", "ProducerConnectionInfo", "PublishTimeout"]
 
@@ -141,8 +138,8 @@ class Producer:
     comes as a :class:`PublishSucceeded` or :class:`PublishFailed` event carrying it.
 
     Composed of its connection table (ids, routing, the connections' deadlines), its lookupd
-    client (the HTTP calls) and its reconnect scheduler; it owns the pool, the routes and the
-    requests."""
+    client (the HTTP calls), its topic lookups, its reconnect scheduler, its publish queue,
+    routes and failure diagnosis; it owns the pool and carries out their decisions."""
 
     def __init__(
         self,
@@ -167,14 +164,6 @@ class Producer:
         self._reconnects = ReconnectScheduler(
             self._rng, cfg.reconnect_delay, cfg.max_reconnect_delay, cfg.reconnect_jitter
         )
-        self._lookupd = LookupdClient(
-            lookupd,
-            timeout=cfg.lookupd_poll_timeout,
-            user_agent=cfg.user_agent,
-            timers=self._timers,
-            send=self._outputs.append,
-        )
-        self._refresh = RouteRefresh(self._timers, interval=cfg.lookupd_poll_interval)
         self._conn_config = cfg.connection_config()
         self._slots: dict[tuple[tuple[str, int], int], ConnId] = {}
         self._queue = PublishQueue(
@@ -184,7 +173,11 @@ class Producer:
         )
         self._pool = _ConnectionPool(self._conns, cfg.max_outstanding)
         self._routes = Routes(lookupd=bool(lookupd), hasher=cfg.hasher)
-        self._lookup_pending: set[str] = set()
+        self._lookups = lookups = TopicLookups(
+            cfg, self._nsqd, lookupd, self._routes, timers=self._timers, send=self._outputs.append
+        )
+        #: its lookupd client (the HTTP calls)
+        self._lookupd = lookups.client
         self._closing = False
         #: see :attr:`held_back`
         self._held_back = False
@@ -197,9 +190,6 @@ class Producer:
         #: (see _flush_early)
         self._quiet = 0.0
         self._last_error: NSQError | None = None
-        #: topic -> lookupd's latest failure for it, and how often lookupd refused it lately
-        self._lookup_errors: dict[str, NSQError] = {}
-        self._refusals: dict[str, int] = {}
         #: how the last connection of each (address, slot) ended: the failure diagnosis
         self._reach = Reachability()
 
@@ -242,11 +232,11 @@ class Producer:
                 self._on_http_answer(self._lookupd.timed_out(arg))
             elif kind is TimerKind.LOOKUPD_POLL:
                 assert isinstance(arg, str)
-                self._lookup(arg)
+                self._lookups.lookup(arg, now)
             # TimerKind.RETRY: a backoff is over; the dispatch below sends it
         for req in self._queue.expired(now):
-            lookup_error = self._lookup_errors.get(req.topic)
-            if lookup_error is not None and not self._routes.known(req.topic):
+            lookup_error = self._lookups.error(req.topic)
+            if lookup_error is not None:
                 why = f" (no route: {lookup_error})"
             elif self._last_error:
                 why = f" (last connection error: {self._last_error})"
@@ -320,14 +310,17 @@ class Producer:
         self._on_http_answer(self._lookupd.http_failed(request_id, error))
 
     def _on_http_answer(self, answer: HttpAnswer | None) -> None:
-        if isinstance(answer, LookupAnswered):
-            self._apply_lookup(answer.topic, answer.result)
+        step = self._lookups.answer(answer, self._now)
+        if isinstance(step, Routed):
+            self._nsqd.extend(step.nsqd)
+            for address in (*step.nsqd, *step.leaders):
+                for slot in range(self.config.pool_size):
+                    self._open(address, slot)
             self._dispatch()
-        elif isinstance(answer, LookupdFailed):
-            self._outputs.append(LookupFailed(answer.address, answer.error))
-            if answer.topic is not None:
-                self._on_lookup_failed(answer.topic, answer.error, answer.answered)
-        # LookupdsLearned: asked at the next lookup; the producer makes no calls to nsqd
+        elif step is not None:
+            # lookupd refused the topic: its waiting publishes fail with the answer
+            for req in [r for r in self._queue.waiting if r.topic == step.topic]:
+                self._fail_request(req, fresh_copy(step.error))
 
     def _drain(self, rec: _PConn, now: float) -> None:
         conn = rec.conn
@@ -405,7 +398,7 @@ class Producer:
     def _failed_on_connection(self, req: Request, error: NSQError) -> None:
         """``req`` failed on its connection: retried after a backoff, or failed."""
         if isinstance(error, ServerError) and error.code in TOPOLOGY_CHANGED:
-            self._invalidate_route(req.topic)
+            self._lookups.forget(req.topic, self._now)
         retry_at = self._queue.retry(req, error, self._now)
         if retry_at is None:
             self._fail_request(req, error)
@@ -513,7 +506,7 @@ class Producer:
         self._held_back = False
         topic = req.topic
         if self._lookupd.addresses and not self._routes.known(topic):
-            self._lookup(topic)
+            self._lookups.lookup(topic, self._now)
         # at once on an idle connection (a lone caller waits for nothing); behind a busy one,
         # at the flush, with every publish the other callers make meanwhile (one MPUB)
         pool = self._pool
@@ -699,63 +692,13 @@ class Producer:
                 for slot in range(self.config.pool_size):
                     self._open(step.address, slot)
 
-    # ------------------------------------------------------------------ partitioned lookup
-
-    def _lookup(self, topic: str) -> None:
-        if topic in self._lookup_pending or self._closing:
-            return
-        self._lookup_pending.add(topic)
-        self._lookupd.refresh_cluster(self._now)  # the cluster's lookupd may have changed
-        self._lookupd.lookup(topic, "w", self._now)
-
-    def _on_lookup_failed(self, topic: str, error: NSQError, answered: bool) -> None:
-        self._lookup_errors[topic] = error
-        if answered:
-            self._refusals[topic] = self._refusals.get(topic, 0) + 1
-        if not self._lookupd.looking_up(topic):
-            self._lookup_pending.discard(topic)
-            if self._refusals.get(topic, 0) >= 2 and not self._routes.known(topic):
-                # lookupd said no twice (e.g. "Topic has no channel, should init at least one
-                # for the new topic"): the waiting publishes fail now, with its answer
-                for req in [r for r in self._queue.waiting if r.topic == topic]:
-                    failure = LookupdError(f"no route to topic {topic!r}: {error}")
-                    failure.__cause__ = error
-                    self._fail_request(req, failure)
-                self._refusals.pop(topic, None)
-            # try again a little later; other waiting requests time out on their deadline
-            self._refresh.failed(topic, self._now)
-
-    def _apply_lookup(self, topic: str, result: LookupResult) -> None:
-        self._refusals.pop(topic, None)
-        self._lookup_errors.pop(topic, None)
-        if not self._lookupd.looking_up(topic):
-            self._lookup_pending.discard(topic)
-        leaders = self._routes.apply(topic, result)
-        if leaders is None:
-            return  # keep what we know until an answer says something useful
-        if not leaders and not self._nsqd:
-            # standard nsqd behind lookupd: publish to the nsqd it lists
-            for peer in result.producers:
-                if peer.address not in self._nsqd:
-                    self._nsqd.append(peer.address)
-                    for slot in range(self.config.pool_size):
-                        self._open(peer.address, slot)
-        for address in leaders:
-            for slot in range(self.config.pool_size):
-                self._open(address, slot)
-        self._refresh.answered(topic, self._now)
-
-    def _invalidate_route(self, topic: str) -> None:
-        self._routes.forget(topic)
-        if self._lookupd.addresses:
-            self._lookup(topic)
-
     # ------------------------------------------------------------------ closing
 
     def close(self, now: float) -> None:
         """Close every connection; requests not yet answered fail."""
         self._now = now
         self._closing = True
+        self._lookups.close()
         self._flush_at = None
         self._timers.clear()
         for req in list(self._queue.waiting):
