@@ -17,16 +17,9 @@ import pytest
 
 from nsq_anyio.blocking import Consumer, Message, Producer
 from tests.support.served import server
+from tests.support.servers import channel_stats
 
 __all__ = ["server"]
-
-
-def channel_stats(http: str, topic: str, channel: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://{http}/stats?format=json&topic={topic}") as r:
-        data = json.load(r)
-    (t,) = [t for t in data["topics"] if t["topic_name"] == topic]
-    (c,) = [c for c in t["channels"] if c["channel_name"] == channel]
-    return dict(c)
 
 
 def test_a_script_publishes_and_consumes(server: dict[str, str]) -> None:

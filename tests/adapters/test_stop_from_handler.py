@@ -17,8 +17,7 @@ from nsq_anyio.blocking import Consumer as BlockingConsumer
 from nsq_anyio.blocking import Message as BlockingMessage
 from nsq_emulator.loopback import EmulatorCluster
 from tests.support.served import server
-
-from .test_blocking import channel_stats
+from tests.support.servers import channel_stats
 
 __all__ = ["server"]
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cli.test_worker import (
+from tests.cli.worker_support import (
     HANDLERS,
     PY,
     SCRIPT,

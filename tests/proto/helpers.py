@@ -136,7 +136,11 @@ def producer(**config: Any) -> tuple[Producer, int]:
 
 
 def http_response(body: bytes, status: bytes = b"200 OK") -> bytes:
-    head = f"HTTP/1.1 {status.decode()}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    """An HTTP/1.1 answer of lookupd or nsqd carrying the JSON ``body``."""
+    head = (
+        f"HTTP/1.1 {status.decode()}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
     return head.encode() + body
 
 

@@ -34,6 +34,7 @@ from ..compiled import COMPILED
 from .helpers import (
     consumer,
     error,
+    http_response,
     identify_response,
     message,
     mid,
@@ -350,17 +351,6 @@ LOOKUP_BODY = (
     b'{"remote_address":"127.0.0.1:2","hostname":"h","broadcast_address":"n2","tcp_port":4150,'
     b'"http_port":4151,"version":"1.3.0"}]}'
 )
-
-
-def http_response(body: bytes, status: bytes = b"200 OK") -> bytes:
-    return (
-        b"HTTP/1.1 "
-        + status
-        + b"\r\nContent-Type: application/json\r\nContent-Length: "
-        + str(len(body)).encode()
-        + b"\r\nConnection: close\r\n\r\n"
-        + body
-    )
 
 
 def test_lookupd_poll_connects_and_reconnects_only_when_listed_again() -> None:

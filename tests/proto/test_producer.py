@@ -28,8 +28,15 @@ from nsq_proto._producer import Producer, ProducerConfig, ProducerConnectionInfo
 from nsq_proto._timers import TimerKind
 
 from ..compiled import COMPILED, WRONG_TYPE
-from .helpers import error, identify_response, of_type, producer, response, sent_on
-from .test_consumer import http_response
+from .helpers import (
+    error,
+    http_response,
+    identify_response,
+    of_type,
+    producer,
+    response,
+    sent_on,
+)
 
 
 def sends(outputs: Iterable[object]) -> dict[int, bytes]:

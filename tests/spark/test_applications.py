@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from ._cluster import Driver
 from .helpers import NSQD, Emulator, RealNSQD, wait_for, write_available_now
-from .test_cluster import Driver
 
 pytestmark = pytest.mark.spark
 

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from ._cluster import ROOT, spark_env
+from ._connect import missing
 from .helpers import NSQD, RealNSQD
-from .test_connect import missing
 
 pytestmark = [
     pytest.mark.spark,

@@ -226,3 +226,13 @@ def auth_server(topic_pattern: str, secret: str = "good") -> http.server.Threadi
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def channel_stats(http: str, topic: str, channel: str) -> dict[str, Any]:
+    """One channel's entry of the ``/stats`` of the nsqd (real or emulated) whose HTTP address
+    is ``http``."""
+    with urllib.request.urlopen(f"http://{http}/stats?format=json&topic={topic}") as r:
+        data = json.load(r)
+    (t,) = [t for t in data["topics"] if t["topic_name"] == topic]
+    (c,) = [c for c in t["channels"] if c["channel_name"] == channel]
+    return dict(c)
