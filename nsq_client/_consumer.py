@@ -335,9 +335,12 @@ class Consumer(ClientBase):
         return self
 
     async def __anext__(self) -> Message:
-        message = await self._inbox.get()
+        inbox = self._inbox
+        message = inbox.take()  # (the inbox's get, inline: one coroutine fewer per message)
         if message is None:
-            raise StopAsyncIteration
+            message = await inbox.wait_next()
+            if message is None:
+                raise StopAsyncIteration
         if _telemetry.active is not None:  # nsq_client.otel: a span until it is answered
             return _telemetry.active.received(self, message)
         return message
