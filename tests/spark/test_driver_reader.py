@@ -529,8 +529,10 @@ def test_an_nsqd_restart_while_a_batch_runs_loses_nothing() -> None:
     for r in seen:
         copies.setdefault(r["body"], []).append(r["attempts"])
     assert all(max(a) > 1 for a in copies.values() if len(a) > 1)
-    # (whether the first batch's messages reach a later batch again is a matter of timing: run
-    # alone, this test sees none of them come back, in a busy suite it does; none is lost)
+    # the restart did redeliver: the first batch's messages came back, either into a later
+    # batch (attempts 2) or, when every body was seen before they reached one, into the
+    # channel, requeued by stop() (their first batch's FINs went to a connection that died)
+    assert any(max(a) > 1 for a in copies.values()) or stats.depth > 0
     assert stats.in_flight_count == 0  # nothing stuck in flight
 
 
