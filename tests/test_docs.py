@@ -12,7 +12,7 @@ import pytest
 from nsq_proto import ConnectionConfig, ConsumerConfig, ProducerConfig
 
 from .support import ROOT
-from .support.codeblocks import Block, blocks, run
+from .support.codeblocks import Block, blocks, run, with_served_addresses
 
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -24,6 +24,20 @@ def test_code_block_runs(block: Block, tmp_path: Path) -> None:
     if block.directive == "skip":
         pytest.skip(f"{block.name}: {block.reason}")
     run(block, tmp_path)
+
+
+def test_a_served_port_that_begins_like_a_documented_one_is_left_alone() -> None:
+    # nsqd served on 41619 begins like lookupd's documented 4161: the block must still
+    # reach nsqd at 41619, never "33141" + "9"
+    served = {
+        "nsqd TCP": "127.0.0.1:41619",
+        "nsqd HTTP": "127.0.0.1:41510",
+        "lookupd HTTP": "127.0.0.1:33141",
+    }
+    code = 'tcp = "127.0.0.1:4150"\nhttp = "127.0.0.1:4151"\nlookupd = "127.0.0.1:4161"\n'
+    assert with_served_addresses(code, served) == (
+        'tcp = "127.0.0.1:41619"\nhttp = "127.0.0.1:41510"\nlookupd = "127.0.0.1:33141"\n'
+    )
 
 
 def test_the_sink_section_says_how_often_a_failed_publish_is_tried() -> None:

@@ -41,6 +41,9 @@ _ADDRESSES = {
     "127.0.0.1:4151": "nsqd HTTP",
     "127.0.0.1:4161": "lookupd HTTP",
 }
+#: one pass over the block, so a free port that begins like a documented one (nsqd on
+#: 127.0.0.1:41619) is never rewritten by the next address's replacement
+_ADDRESS = re.compile("|".join(re.escape(a) for a in _ADDRESSES) + r"(?!\d)")
 _RUNNER = textwrap.dedent(
     """
     import sys
@@ -94,12 +97,14 @@ def run(block: Block, tmp_path: Path, timeout: float = 60.0) -> None:
         return
     if block.directive != "in-memory" and any(a in block.code for a in _ADDRESSES):
         with serve() as served:
-            code = block.code
-            for address, name in _ADDRESSES.items():
-                code = code.replace(address, served[name])
-            _run(block, code, tmp_path, timeout)
+            _run(block, with_served_addresses(block.code, served), tmp_path, timeout)
     else:
         _run(block, block.code, tmp_path, timeout)
+
+
+def with_served_addresses(code: str, served: dict[str, str]) -> str:
+    """The block with each documented address replaced by the served one of its name."""
+    return _ADDRESS.sub(lambda m: served[_ADDRESSES[m[0]]], code)
 
 
 def _run(block: Block, code: str, tmp_path: Path, timeout: float) -> None:
