@@ -41,6 +41,7 @@ MYPYC_MODULES = [
     "nsq_proto/_events.py",
     "nsq_proto/_frames.py",
     "nsq_proto/_in_flight.py",
+    "nsq_proto/_intake.py",
     "nsq_proto/_lifecycle.py",
     "nsq_proto/_message.py",
     "nsq_proto/_ordered.py",

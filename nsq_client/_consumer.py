@@ -22,7 +22,7 @@ from nsq_proto import (
     LookupFailed,
     LookupSucceeded,
     MessageGivenUp,
-    MessageReceived,
+    MessagesReceived,
     NSQError,
     StartFromFailed,
     Stopped,
@@ -86,6 +86,7 @@ class Consumer(ClientBase):
             nsqd_tcp_addresses=nsqd_tcp_addresses,
             lookupd_http_addresses=lookupd_http_addresses,
             rng=rng,
+            message_batches=True,
         )
         self.topic = topic
         self.channel = channel
@@ -210,26 +211,24 @@ class Consumer(ClientBase):
         await self._stop()
 
     def _on_event(self, event: Event) -> None:
-        if type(event) is MessageReceived:
+        if type(event) is MessagesReceived:
             if self._closing:
-                late = event.message
-                with suppress(LocalProtocolError):
-                    self._core.requeue(
-                        event.conn_id,
-                        late.id,
-                        self._backend.current_time(),
-                        delay=0.0,
-                        backoff=False,
-                        attempts=late.attempts,
-                    )
+                now = self._backend.current_time()
+                for late in event.messages:
+                    with suppress(LocalProtocolError):
+                        self._core.requeue(
+                            event.conn_id,
+                            late.id,
+                            now,
+                            delay=0.0,
+                            backoff=False,
+                            attempts=late.attempts,
+                        )
                 return
             origin = self._origins.get(event.conn_id)
             if origin is None:
                 origin = self._origin(event.conn_id)
-            inbox = self._inbox
-            inbox.items.append(Message(origin, event.message))  # the inbox's put, inline
-            if inbox.waiters:
-                inbox.waiters.popleft().set()
+            self._inbox.put_many([Message(origin, m) for m in event.messages])
             return
         if _telemetry.active is not None:  # nsq_client.otel: connection and lookupd counters
             _telemetry.active.consumer_event(self, event)

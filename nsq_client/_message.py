@@ -190,8 +190,8 @@ class _Inbox:
     """Messages waiting for the application (RDY bounds how many).
 
     Any number of tasks may wait in :meth:`get` at once (``run(concurrency=N)`` has N
-    workers): each waits on its own event, ``put`` wakes one of them per message and
-    ``close`` wakes them all.
+    workers): each waits on its own event, ``put`` and ``put_many`` wake one of them per
+    message and ``close`` wakes them all.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -205,6 +205,13 @@ class _Inbox:
         self.items.append(item)
         if self.waiters:
             self.waiters.popleft().set()
+
+    def put_many(self, items: list[Message]) -> None:
+        """:meth:`put` each of ``items`` (what one read delivered), in order."""
+        self.items.extend(items)
+        waiters = self.waiters
+        for _ in range(min(len(waiters), len(items))):
+            waiters.popleft().set()
 
     def close(self) -> None:
         self.closed = True

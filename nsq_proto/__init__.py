@@ -41,6 +41,7 @@ from ._events import LookupFailed as LookupFailed
 from ._events import LookupSucceeded as LookupSucceeded
 from ._events import MessageGivenUp as MessageGivenUp
 from ._events import MessageReceived as MessageReceived
+from ._events import MessagesReceived as MessagesReceived
 from ._events import PublishFailed as PublishFailed
 from ._events import PublishSucceeded as PublishSucceeded
 from ._events import Ready as Ready
@@ -109,6 +110,7 @@ __all__ = [
     "Message",
     "MessageGivenUp",
     "MessageReceived",
+    "MessagesReceived",
     "NSQError",
     "NSQTimeout",
     "NegotiatedFeatures",

@@ -30,13 +30,13 @@ from ._events import (
     ConnectionClosed,
     ConnId,
     ErrorReceived,
-    MessageGivenUp,
     MessageReceived,
     Ready,
     Stopped,
 )
 from ._features import DEFAULT_MAX_RDY_COUNT
 from ._in_flight import Answer, InFlight, newest_many, not_in_flight, take_many
+from ._intake import Intake
 from ._lifecycle import (
     NEW,
     REQUEUEING,
@@ -53,7 +53,7 @@ from ._names import check_channel, check_topic
 from ._ordered import OrderedRepeats, Repeat
 from ._outputs import Connect, Output
 from ._rdy import ConnRdy, RdyPlanner
-from ._state import CAN_ANSWER, CAN_RDY
+from ._state import CAN_RDY
 from ._stopping import REQUEUE_GRACE, Step, StopProcedure, closes_now, left_to_answer
 from ._timers import TimerKind, Timers
 
@@ -134,7 +134,12 @@ class Consumer:
     Composed of its connection table (ids, routing, the connections' deadlines), its
     discovery (targets, reconnects, lookupd's calls and polls, start positions), its RDY
     planner (RDY and backoff), its stop procedure and, per connection, an in-flight book and
-    (ordered) a repeats part; it owns ``max_attempts``, and carries out their decisions."""
+    (ordered) a repeats part; it owns ``max_attempts``, and carries out their decisions.
+
+    Each message the application gets is a :class:`MessageReceived`; with
+    ``message_batches``, the messages of one read of a connection are one
+    :class:`MessagesReceived` instead (in the order nsqd sent them), for a client that hands
+    them on together: one event, and one RDY decision, per read."""
 
     def __init__(
         self,
@@ -145,6 +150,7 @@ class Consumer:
         nsqd_tcp_addresses: Iterable[str | tuple[str, int]] = (),
         lookupd_http_addresses: Iterable[str | tuple[str, int]] = (),
         rng: random.Random | None = None,
+        message_batches: bool = False,
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
@@ -188,12 +194,10 @@ class Consumer:
             low_rdy_timeout=cfg.low_rdy_timeout,
             rdy_redistribute_interval=cfg.rdy_redistribute_interval,
         )
-        self.messages_received = 0
+        self._intake = Intake(cfg, self._rdy, self._outputs, message_batches)
         self.messages_finished = 0
-        self.messages_requeued = 0
-        self.messages_given_up = 0
-        #: identical deliveries of a held message on an ordered connection, not passed on
-        self.repeats_dropped = 0
+        #: the application's REQs (the intake counts those of the messages it sets aside)
+        self._requeued = 0
 
     # ------------------------------------------------------------------ outputs and time
 
@@ -331,79 +335,37 @@ class Consumer:
     def _drain(self, rec: _Conn, now: float) -> None:
         """Move a connection's outputs to ours, reacting to its events on the way."""
         conn = rec.conn
-        out = self._outputs
         rdy = self._rdy
-        max_attempts = self.config.max_attempts
         while items := conn.outputs():
             planned = rec.planned
             if planned is not None and planned.can_rdy and conn.state not in CAN_RDY:
                 # closing or closed (its events are in ``items``): no more RDY on it
                 rdy.connection_closing(rec.conn_id)
-            self._drain_items(rec, conn, items, out, rdy, max_attempts, now)
+            self._drain_items(rec, conn, items, now)
             if self._life is REQUEUEING and closes_now(conn.state, len(rec.in_flight.held)):
                 # nsqd may write a message it took before our CLS right after its CLOSE_WAIT:
                 # closed once what this read carried is requeued
                 conn.close("consumer stopped")
 
-    def _drain_items(
-        self,
-        rec: _Conn,
-        conn: Connection,
-        items: list[Output],
-        out: deque[Output],
-        rdy: RdyPlanner,
-        max_attempts: int,
-        now: float,
-    ) -> None:
-        planned = rec.planned  # the planner's record (set: messages come only after SUB)
-        in_flight = rec.in_flight.held
+    def _drain_items(self, rec: _Conn, conn: Connection, items: list[Output], now: float) -> None:
+        intake = self._intake
         # (no item of one read moves the consumer into REQUEUEING: that is the application's)
         requeueing = self._life is REQUEUEING
-        for item in items:
-            if type(item) is MessageReceived:
-                message = item.message
-                self.messages_received += 1
-                if requeueing:
-                    # sent by nsqd before it read our CLS: back at once, or nsqd would hold
-                    # it for this connection until msg_timeout
-                    if conn.state in CAN_ANSWER:
-                        conn.requeue(message.id, 0.0)
-                        self.messages_requeued += 1
-                    if planned is not None:
-                        rdy.message_received(planned, now, False)
-                    continue
-                if max_attempts and message.attempts > max_attempts:
-                    if planned is not None:
-                        rdy.message_received(planned, now, False)
-                    self.messages_given_up += 1
-                    finish = self.config.finish_given_up
-                    if finish:
-                        conn.finish(message.id)
-                    else:
-                        rec.in_flight.hold(message)
-                    out.append(MessageGivenUp(rec.conn_id, message, finish))
-                    continue
-                held = in_flight.get(message.id)
-                if rec.ordered and rec.repeat(held, message):
-                    self.repeats_dropped += 1
-                    if planned is not None:
-                        rdy.message_received(planned, now, False)
-                    continue
-                if held is None:
-                    in_flight[message.id] = message  # the book's deliver, inline (per message)
-                else:
-                    # delivered again while a copy is held (msg_timeout passed, or the
-                    # partitioned server repeated an ordered message): the newest counts
-                    rec.in_flight.deliver(message)
-                out.append(item)
-                if planned is not None:
-                    rdy.message_received(planned, now, True)
-            elif isinstance(item, Ready):
-                out.append(item)
+        repeat = rec.repeat if rec.ordered else None
+        i, n = 0, len(items)
+        while i < n:
+            item = items[i]
+            if type(item) is MessageReceived:  # a run of messages: the intake's
+                i = intake.take(
+                    items, i, rec.conn_id, conn, rec.in_flight, rec.planned, repeat, requeueing, now
+                )
+                continue
+            i += 1
+            if isinstance(item, Ready):
+                self._outputs.append(item)
                 self._on_ready(rec, now)
-                planned = rec.planned
             elif isinstance(item, ConnectionClosed):
-                out.append(item)
+                self._outputs.append(item)
                 self._on_closed(rec, item, now)
             elif isinstance(item, ErrorReceived):
                 if (
@@ -412,14 +374,14 @@ class Consumer:
                     and rec.repeats.fin_failed()
                 ):
                     continue  # the answer to the FIN of a repeat, as expected
-                out.append(item)
+                self._outputs.append(item)
                 self._discovery.nsqd_error(item.code, now)
             elif isinstance(item, CloseWaitReceived):
-                out.append(item)
+                self._outputs.append(item)
                 if self._life is STOPPING and not rec.in_flight.held:  # (at its CLOSE_WAIT)
                     conn.close("consumer stopped")
             else:
-                out.append(item)
+                self._outputs.append(item)
 
     def _on_ready(self, rec: _Conn, now: float) -> None:
         rec.ready_at = now
@@ -467,6 +429,23 @@ class Consumer:
     @property
     def max_in_flight(self) -> int:
         return self._rdy.max_in_flight
+
+    @property
+    def messages_received(self) -> int:
+        return self._intake.received
+
+    @property
+    def messages_requeued(self) -> int:
+        return self._requeued + self._intake.requeued
+
+    @property
+    def messages_given_up(self) -> int:
+        return self._intake.given_up
+
+    @property
+    def repeats_dropped(self) -> int:
+        """Identical deliveries of a held message on an ordered connection, not passed on."""
+        return self._intake.repeats_dropped
 
     @property
     def total_rdy(self) -> int:
@@ -568,7 +547,7 @@ class Consumer:
             # the partitioned server ignores a REQ with a delay on an ordered channel (the
             # message would come back only after msg_timeout): requeue it at once
             delay = 0.0
-        self.messages_requeued += 1
+        self._requeued += 1
         if backoff:
             # RDY 0 goes out before the REQ (go-nsq sends it after): otherwise nsqd may hand
             # out another message in the slot the REQ frees, inside the backoff window
@@ -660,7 +639,7 @@ class Consumer:
                 ids = left_to_answer(conn.state, rec.in_flight.drop_all())
                 for msg_id in ids:
                     conn.requeue(msg_id, 0.0)
-                self.messages_requeued += len(ids)
+                self._requeued += len(ids)
             if decision.cls:
                 conn.start_close()
             elif decision.close is not None:

@@ -74,6 +74,19 @@ class MessageReceived(Event):
         self.message = message
 
 
+# hot path: not frozen, treat as read-only
+@dataclass(slots=True, init=False)
+class MessagesReceived(Event):
+    """nsqd delivered ``messages`` on this connection, in this order, in one read."""
+
+    conn_id: ConnId
+    messages: list[Message]
+
+    def __init__(self, conn_id: ConnId, messages: list[Message]) -> None:
+        self.conn_id = conn_id
+        self.messages = messages
+
+
 @dataclass(frozen=True, slots=True)
 class HeartbeatReceived(Event):
     """nsqd sent ``_heartbeat_``; the core has already queued the ``NOP`` reply."""

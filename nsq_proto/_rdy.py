@@ -349,6 +349,15 @@ class RdyPlanner:
         if passed_on and (remaining <= 1 or remaining < rec.rdy / 4):
             self._maybe_update_rdy(rec, now)
 
+    def messages_received(self, rec: ConnRdy, now: float, count: int) -> None:
+        """The connection of ``rec`` delivered ``count`` messages in one read, all passed on
+        to the application: :meth:`message_received` for each, with one RDY decision."""
+        remaining = rec.remaining - count
+        rec.remaining = remaining = remaining if remaining > 0 else 0
+        rec.last_msg_at = now
+        if remaining <= 1 or remaining < rec.rdy / 4:
+            self._maybe_update_rdy(rec, now)
+
     def answered(self, rec: ConnRdy, now: float) -> None:
         """The application answered a message of the connection of ``rec`` (after
         :meth:`success` or :meth:`failure`, if it counts for backoff): refill its RDY if it

@@ -5,6 +5,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nsq_proto import (
     CloseWaitReceived,
@@ -12,6 +14,7 @@ from nsq_proto import (
     LocalProtocolError,
     LookupdError,
     MessageReceived,
+    MessagesReceived,
     Ready,
     Send,
     StartTLS,
@@ -53,13 +56,16 @@ def sends(outputs: Iterable[object]) -> dict[int, bytes]:
     return got
 
 
-def start(n: int = 2, now: float = 0.0, **config: Any) -> tuple[Consumer, list[int]]:
+def start(
+    n: int = 2, now: float = 0.0, *, batches: bool = False, **config: Any
+) -> tuple[Consumer, list[int]]:
     core = Consumer(
         "t",
         "c",
         ConsumerConfig(**config),
         nsqd_tcp_addresses=[f"10.0.0.{i}:4150" for i in range(n)],
         rng=random.Random(1),
+        message_batches=batches,
     )
     core.start(now)
     conns = [o.conn_id for o in core.outputs() if isinstance(o, Connect)]
@@ -825,3 +831,83 @@ def test_close_connection_takes_now_for_the_reconnect() -> None:
     core.close_connection(connect.conn_id, 200.0)
     core.outputs()
     assert core._timers.deadline((TimerKind.RECONNECT, (("n", 4150), None))) == 208.0
+
+
+# ---------------------------------------------------------------- message_batches
+
+
+def test_with_message_batches_the_messages_of_a_read_are_one_event_in_order() -> None:
+    core, (c,) = start(1, batches=True, max_in_flight=10)
+    core.receive_data(c, b"".join(message(mid(i), b"x%d" % i) for i in range(3)), 0.0)
+    (batch,) = [o for o in core.outputs() if not isinstance(o, Send)]
+    assert isinstance(batch, MessagesReceived) and batch.conn_id == c
+    assert [m.id for m in batch.messages] == [mid(0), mid(1), mid(2)]
+    assert [m.body for m in batch.messages] == [b"x0", b"x1", b"x2"]
+    assert core.in_flight_count(c) == 3
+    # a frame cut by the read: its message comes with the next read's
+    whole = message(mid(3), b"x3") + message(mid(4), b"x4")
+    core.receive_data(c, whole[:30], 0.0)
+    assert not of_type(core.outputs(), MessagesReceived)
+    core.receive_data(c, whole[30:], 0.0)
+    (batch,) = of_type(core.outputs(), MessagesReceived)
+    assert [m.id for m in batch.messages] == [mid(3), mid(4)]
+
+
+def test_a_given_up_message_keeps_its_place_between_the_batches() -> None:
+    core, (c,) = start(1, batches=True, max_in_flight=10, max_attempts=3)
+    read = message(mid(1), b"a") + message(mid(2), b"b", attempts=4) + message(mid(3), b"c")
+    core.receive_data(c, read, 0.0)
+    told = []
+    for o in core.outputs():
+        if isinstance(o, MessagesReceived):
+            told.append(("got", [m.id for m in o.messages]))
+        elif isinstance(o, MessageGivenUp):
+            told.append(("gave up", [o.message.id]))
+        else:
+            assert isinstance(o, Send)
+    assert told == [("got", [mid(1)]), ("gave up", [mid(2)]), ("got", [mid(3)])]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 11), st.integers(1, 5)), min_size=1, max_size=40),
+    st.lists(st.integers(1, 400), max_size=12),
+    st.integers(1, 20),
+)
+def test_message_batches_change_only_how_the_messages_are_told(
+    deliveries: list[tuple[int, int]], cuts: list[int], max_in_flight: int
+) -> None:
+    """Whatever the messages (repeated ids, given-up attempts) and however the reads cut
+    them, the batches hold the same messages in the same order as the events one by one,
+    and the bytes sent (RDY, FINs of given-up messages, then each message's FIN) are the
+    same."""
+    stream = b"".join(message(mid(i), b"m%d" % i, attempts=a) for i, a in deliveries)
+    runs = []
+    for batches in (False, True):
+        core, (c,) = start(1, batches=batches, max_in_flight=max_in_flight, max_attempts=3)
+        told: list[tuple[str, bytes, int]] = []
+        wire = b""
+        pos = 0
+        for cut in [*sorted(set(cuts)), len(stream)]:
+            if cut <= pos:
+                continue
+            core.receive_data(c, stream[pos:cut], 1.0)
+            pos = cut
+            for o in core.outputs():
+                if isinstance(o, MessageReceived):
+                    told.append(("got", o.message.id, o.message.attempts))
+                elif isinstance(o, MessagesReceived):
+                    assert batches and o.messages
+                    told += [("got", m.id, m.attempts) for m in o.messages]
+                elif isinstance(o, MessageGivenUp):
+                    told.append(("gave up", o.message.id, o.message.attempts))
+                elif isinstance(o, Send):
+                    wire += o.data
+        for _, msg_id, attempts in [t for t in told if t[0] == "got"]:
+            try:  # a repeated id is held once: its second FIN is refused
+                core.finish(c, msg_id, 2.0, attempts=attempts)
+            except LocalProtocolError:
+                told.append(("refused", msg_id, attempts))
+        wire += sends(core.outputs()).get(c, b"")
+        runs.append((told, wire, core.messages_received, core.in_flight_count(c)))
+    assert runs[0] == runs[1]
