@@ -302,9 +302,8 @@ class Consumer(ClientBase):
         next message waits for this FIN)."""
         delivered = message._message
         conn_id = message._origin.conn_id
-        core = self._core
-        core.finish(conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
-        if core.in_flight_count(conn_id) == 0:
+        now = self._clock()
+        if self._core.finish_left(conn_id, delivered.id, now, attempts=delivered.attempts) <= 0:
             return True
         self._runner.wake()  # written with the other answers given meanwhile
         return False

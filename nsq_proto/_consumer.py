@@ -466,12 +466,21 @@ class Consumer:
         nsqd delivered it again (its msg_timeout passed).  The FIN of an older copy is sent
         all the same (the work is done; nsqd answers the non-fatal ``E_FIN_FAILED`` when it
         had nothing to finish), as go-nsq does."""
+        return self.finish_left(conn_id, msg_id, now, attempts=attempts) >= 0
+
+    def finish_left(
+        self, conn_id: ConnId, msg_id: bytes, now: float, *, attempts: int | None = None
+    ) -> int:
+        """:meth:`finish`, telling how many messages of the connection the application still
+        holds (-1: the connection is gone).  For an adapter that chooses when to write: at
+        0, no other answer of the connection will come to share the write."""
         self._now = now
         rec = self._conns.get(conn_id)
         if rec is not None and not rec.ordered and not (book := rec.in_flight).copies:
             # the common case, per message: one delivery held, no ordered books to keep (the
             # book's take and, while running, what follows an answer, inline)
-            message = book.held.pop(msg_id, None)
+            held = book.held
+            message = held.pop(msg_id, None)
             if message is None:
                 raise not_in_flight(msg_id, conn_id)
             self.messages_finished += 1
@@ -483,9 +492,9 @@ class Consumer:
                 self._after_answer(rec, now)
             elif (planned := rec.planned) is not None:
                 rdy.answered(planned, now)
-            return True
+            return len(held)
         if rec is None:
-            return False  # the connection is gone: nsqd will deliver the message again
+            return -1  # the connection is gone: nsqd will deliver the message again
         _, stale = rec.take(msg_id, attempts)
         self.messages_finished += 1
         rec.conn.finish_delivered(msg_id)
@@ -494,7 +503,7 @@ class Consumer:
         if not stale:
             self._rdy.success(now)
         self._after_answer(rec, now)
-        return True
+        return len(rec.in_flight.held)
 
     def finish_many(self, messages: Iterable[Answer], now: float) -> int:
         """FIN each ``(conn_id, msg_id, attempts)``, as :meth:`finish` would, with one write

@@ -911,3 +911,24 @@ def test_message_batches_change_only_how_the_messages_are_told(
         wire += sends(core.outputs()).get(c, b"")
         runs.append((told, wire, core.messages_received, core.in_flight_count(c)))
     assert runs[0] == runs[1]
+
+
+def test_finish_left_tells_what_the_application_still_holds_of_the_connection() -> None:
+    core, (c, other) = start(2, max_in_flight=10)
+    core.receive_data(c, message(mid(1), b"a") + message(mid(2), b"b"), 0.0)
+    core.receive_data(other, message(mid(3), b"c"), 0.0)
+    core.outputs()
+    assert core.finish_left(c, mid(1), 1.0) == 1  # mid(2) is still held; other's not counted
+    assert core.finish_left(c, mid(2), 1.0) == 0
+    assert sends(core.outputs())[c] == b"FIN " + mid(1) + b"\nFIN " + mid(2) + b"\n"
+    # a copy delivered again (its msg_timeout passed) is the slower path: counted the same
+    core.receive_data(other, message(mid(4), b"d") + message(mid(3), b"c", attempts=2), 2.0)
+    core.outputs()
+    # the application holds both deliveries of mid(3): each is answered
+    assert core.finish_left(other, mid(3), 3.0, attempts=2) == 2
+    assert core.finish_left(other, mid(3), 3.0, attempts=1) == 1
+    with pytest.raises(LocalProtocolError):
+        core.finish_left(other, mid(3), 3.0)  # both answered
+    core.connection_lost(other, 4.0, None)
+    assert core.finish_left(other, mid(4), 4.0) == -1  # gone: nsqd delivers it again
+    assert core.finish(other, mid(4), 4.0) is False
