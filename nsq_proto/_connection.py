@@ -43,6 +43,7 @@ from ._events import (
     ErrorReceived,
     HeartbeatReceived,
     MessageReceived,
+    MessagesReceived,
     PublishFailed,
     PublishSucceeded,
     Ready,
@@ -140,7 +141,9 @@ def _ms(seconds: float) -> int:
 
 
 class Connection:
-    """The client side of one nsqd TCP connection."""
+    """The client side of one nsqd TCP connection: each message it delivers is a
+    :class:`MessageReceived` (with ``message_batches``, the messages that follow one another
+    in a read are one :class:`MessagesReceived`)."""
 
     def __init__(
         self,
@@ -148,9 +151,13 @@ class Connection:
         conn_id: ConnId = 0,
         *,
         address: tuple[str, int] | None = None,
+        message_batches: bool = False,
     ) -> None:
         self.config = config if config is not None else ConnectionConfig()
         self.conn_id = conn_id
+        self._batches = message_batches
+        #: (message_batches) the list of the read's latest MessagesReceived, while it grows
+        self._run: list[Message] | None = None
         #: the nsqd it connects to, named in errors (None: unknown)
         self.address = address
         #: changed only by :meth:`_move`, through the table of ``_state.py``
@@ -339,6 +346,7 @@ class Connection:
         # them: no copy of each frame first); the decoder keeps what is incomplete
         decoder = self._decoder
         head, data, pos = decoder.resume(data)
+        self._run = None  # (message_batches) a new read: a new event for its messages
         if head and self._frames(head, 0) < 0:
             return
         end = self._frames(data, pos)
@@ -357,6 +365,8 @@ class Connection:
         max_size = self.config.max_frame_size
         outputs = self._outputs
         receiving = self.state in CAN_RECEIVE_MESSAGES
+        batches = self._batches
+        batch = self._run  # (batches) this read's messages since its last other frame
         n = len(buf)
         size: int  # declared: the compiled build then compares machine ints, not objects
         frame_type: int
@@ -371,11 +381,13 @@ class Connection:
                 size, frame_type = unpack_frame_header(buf, pos)
                 timestamp = attempts = 0
             else:
+                self._run = batch
                 return pos
             if size < 4 or size > max_size or frame_type < 0 or frame_type > 2:
                 decoder.reject(size, frame_type)
             end = pos + 4 + size
             if end > n:
+                self._run = batch
                 return pos
             if frame_type == _MESSAGE:
                 if not receiving:
@@ -389,15 +401,24 @@ class Connection:
                     )
                 else:
                     message = decode_message(buf[pos + 8 : end], layout)
-                if self._wbuf:
-                    self._flush()
-                outputs.append(MessageReceived(conn_id, message))
+                if batch is not None:
+                    batch.append(message)
+                else:
+                    if self._wbuf:
+                        self._flush()
+                    if batches:
+                        batch = [message]
+                        outputs.append(MessagesReceived(conn_id, batch))
+                    else:
+                        outputs.append(MessageReceived(conn_id, message))
             elif frame_type == _ERROR:
+                batch = None
                 self._error_frame(buf[pos + 8 : end])
                 if self.state is ConnectionState.CLOSED:
                     return -1
                 receiving = self.state in CAN_RECEIVE_MESSAGES
             else:
+                batch = None
                 self._response(buf[pos + 8 : end])
                 receiving = self.state in CAN_RECEIVE_MESSAGES
             pos = end

@@ -30,7 +30,7 @@ from ._events import (
     ConnectionClosed,
     ConnId,
     ErrorReceived,
-    MessageReceived,
+    MessagesReceived,
     Ready,
     Stopped,
 )
@@ -325,7 +325,7 @@ class Consumer:
             extend_support=extend_support or self.config.extend_support
         )
         ordered = discovery.ordered(partition)
-        conn = Connection(config, conn_id, address=address)
+        conn = Connection(config, conn_id, address=address, message_batches=True)
         repeats = OrderedRepeats() if ordered else None
         rec = _Conn(conn_id, conn, key, address, partition, ordered, InFlight(conn_id), repeats)
         self._table.add(conn_id, rec)
@@ -352,16 +352,10 @@ class Consumer:
         # (no item of one read moves the consumer into REQUEUEING: that is the application's)
         requeueing = self._life is REQUEUEING
         repeat = rec.repeat if rec.ordered else None
-        i, n = 0, len(items)
-        while i < n:
-            item = items[i]
-            if type(item) is MessageReceived:  # a run of messages: the intake's
-                i = intake.take(
-                    items, i, rec.conn_id, conn, rec.in_flight, rec.planned, repeat, requeueing, now
-                )
-                continue
-            i += 1
-            if isinstance(item, Ready):
+        for item in items:
+            if type(item) is MessagesReceived:  # a run of messages: the intake's
+                intake.take(item, conn, rec.in_flight, rec.planned, repeat, requeueing, now)
+            elif isinstance(item, Ready):
                 self._outputs.append(item)
                 self._on_ready(rec, now)
             elif isinstance(item, ConnectionClosed):

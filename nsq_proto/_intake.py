@@ -1,8 +1,9 @@
 """The consumer's intake: what the application gets of each read of a connection.
 
-A read's messages go into the connection's in-flight book and out as events, one
-:class:`MessageReceived` each, or (``message_batches``) one :class:`MessagesReceived` per run
-of messages, in the order nsqd sent them; the RDY planner is told once per run.  Some
+The connection tells a run of messages of a read as one :class:`MessagesReceived`.  They go
+into its in-flight book and out as events, one :class:`MessageReceived` each, or
+(``message_batches``) one :class:`MessagesReceived`, in the order nsqd sent them; the RDY
+planner is told once per run.  Some
 deliveries are set aside instead: requeued at once while the consumer requeues (nsqd sent
 them before it read our CLS), given up past ``max_attempts`` (a :class:`MessageGivenUp`, in
 its place among the others), or dropped as an ordered connection's repeats.  The intake keeps
@@ -32,6 +33,18 @@ RepeatCheck = Callable[[Message | None, Message], bool]
 class Intake:
     """Takes in the runs of messages of each read (see the module), for one consumer."""
 
+    __slots__ = (
+        "_batches",
+        "_finish_given_up",
+        "_max_attempts",
+        "_outputs",
+        "_rdy",
+        "given_up",
+        "received",
+        "repeats_dropped",
+        "requeued",
+    )
+
     def __init__(
         self, config: ConsumerConfig, rdy: RdyPlanner, outputs: deque[Output], batches: bool
     ) -> None:
@@ -51,45 +64,37 @@ class Intake:
 
     def take(
         self,
-        items: list[Output],
-        start: int,
-        conn_id: ConnId,
+        event: MessagesReceived,
         conn: Connection,
         book: InFlight,
         planned: ConnRdy | None,
         repeat: RepeatCheck | None,
         requeueing: bool,
         now: float,
-    ) -> int:
-        """Take in the run of :class:`MessageReceived` of ``items`` from ``start`` on (the
-        read of ``conn``, whose book is ``book``, RDY record ``planned`` and repeat check, on
-        an ordered connection, ``repeat``); where the run ends."""
+    ) -> None:
+        """Take in the messages of ``event`` (a run of a read of ``conn``, whose book is
+        ``book``, RDY record ``planned`` and repeat check, on an ordered connection,
+        ``repeat``)."""
+        conn_id = event.conn_id
+        messages = event.messages
         out = self._outputs
         rdy = self._rdy
         max_attempts = self._max_attempts
         batches = self._batches
         held = book.held
-        batch: list[Message] = []  # (batches) what the application gets
+        self.received += len(messages)
+        # (batches) None while every message went to the application: the event goes on
+        # as it is; once one is set aside, those the application gets are gathered here
+        kept: list[Message] | None = None
         passed = 0  # what the application gets, not yet told to the RDY planner
-        i = start
-        n = len(items)
-        while i < n:
-            item = items[i]
-            if type(item) is not MessageReceived:
-                break
-            i += 1
-            message = item.message
-            self.received += 1
+        for message in messages:
             if requeueing:
                 # sent by nsqd before it read our CLS: back at once, or nsqd would hold it
                 # for this connection until msg_timeout
                 if conn.state in CAN_ANSWER:
                     conn.requeue(message.id, 0.0)
                     self.requeued += 1
-                if planned is not None:
-                    rdy.message_received(planned, now, False)
-                continue
-            if max_attempts and message.attempts > max_attempts:
+            elif max_attempts and message.attempts > max_attempts:
                 if planned is not None:
                     rdy.message_received(planned, now, False)
                 self.given_up += 1
@@ -99,30 +104,36 @@ class Intake:
                 else:
                     book.hold(message)
                 if passed:  # the messages before it come first
-                    self._pass_on(conn_id, batch, passed, planned, now)
-                    batch, passed = [], 0
+                    self._pass_on(
+                        conn_id, messages[:passed] if kept is None else kept, passed, planned, now
+                    )
+                    passed = 0
+                kept = []
                 out.append(MessageGivenUp(conn_id, message, finish))
                 continue
-            copy = held.get(message.id)
-            if repeat is not None and repeat(copy, message):
+            else:
+                copy = held.get(message.id)
+                if repeat is None or not repeat(copy, message):
+                    if copy is None:
+                        held[message.id] = message  # the book's deliver, inline (per message)
+                    else:
+                        # delivered again while a copy is held (msg_timeout passed, or the
+                        # partitioned server repeated an ordered message): the newest counts
+                        book.deliver(message)
+                    if not batches:
+                        out.append(MessageReceived(conn_id, message))
+                    elif kept is not None:
+                        kept.append(message)
+                    passed += 1
+                    continue
                 self.repeats_dropped += 1
-                if planned is not None:
-                    rdy.message_received(planned, now, False)
-                continue
-            if copy is None:
-                held[message.id] = message  # the book's deliver, inline (per message)
-            else:
-                # delivered again while a copy is held (msg_timeout passed, or the
-                # partitioned server repeated an ordered message): the newest counts
-                book.deliver(message)
-            if batches:
-                batch.append(message)
-            else:
-                out.append(item)
-            passed += 1
+            # set aside (requeued, or an ordered connection's repeat): no event
+            if planned is not None:
+                rdy.message_received(planned, now, False)
+            if kept is None:
+                kept = messages[:passed]
         if passed:
-            self._pass_on(conn_id, batch, passed, planned, now)
-        return i
+            self._pass_on(conn_id, messages if kept is None else kept, passed, planned, now)
 
     def _pass_on(
         self,
@@ -132,9 +143,9 @@ class Intake:
         planned: ConnRdy | None,
         now: float,
     ) -> None:
-        """``passed`` messages went to the application (``batch``: as one event, with
-        batches): the RDY planner is told once."""
-        if batch:
+        """``passed`` messages went to the application (with batches: ``batch``, as one
+        event): the RDY planner is told once."""
+        if self._batches:
             self._outputs.append(MessagesReceived(conn_id, batch))
         if planned is not None:
             self._rdy.messages_received(planned, now, passed)

@@ -21,6 +21,7 @@ from nsq_proto import (
     HeartbeatReceived,
     LocalProtocolError,
     MessageReceived,
+    MessagesReceived,
     PublishFailed,
     PublishSucceeded,
     ReadTimeout,
@@ -718,3 +719,76 @@ def test_close_fails_what_is_pending_once() -> None:
     assert conn.outputs() == []  # a finished connection says nothing more
     conn.receive_data(b"late bytes", 1.0)
     assert conn.outputs() == []
+
+
+def batching_connection() -> Connection:
+    conn = Connection(ConnectionConfig(), message_batches=True)
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(), 0.0)
+    conn.subscribe("t", "c")
+    conn.receive_data(response(b"OK"), 0.0)
+    conn.outputs()
+    return conn
+
+
+def test_with_message_batches_the_messages_between_other_frames_are_one_event() -> None:
+    conn = batching_connection()
+    frames = [message(mid(i), b"b%d" % i) for i in range(5)]
+    heartbeat = response(b"_heartbeat_")
+    # a read that completes a frame cut by the one before, a heartbeat among the messages
+    stream = frames[0] + frames[1] + frames[2] + heartbeat + frames[3] + frames[4]
+    conn.receive_data(stream[:20], 0.0)
+    assert conn.outputs() == []
+    conn.finish(mid(99))  # an answer given before the read: its bytes come first
+    conn.receive_data(stream[20:], 1.0)
+    out = conn.outputs()
+    assert [type(o) for o in out] == [
+        Send,
+        MessagesReceived,
+        Send,
+        HeartbeatReceived,
+        MessagesReceived,
+    ]
+    assert isinstance(out[0], Send) and out[0].data == b"FIN " + mid(99) + b"\n"
+    assert isinstance(out[2], Send) and out[2].data == b"NOP\n"  # the heartbeat's answer
+    first, second = of_type(out, MessagesReceived)
+    assert [m.id for m in first.messages] == [mid(0), mid(1), mid(2)]
+    assert [m.body for m in second.messages] == [b"b3", b"b4"]
+    # the next read is an event of its own
+    conn.receive_data(message(mid(5), b"b5"), 2.0)
+    (third,) = of_type(conn.outputs(), MessagesReceived)
+    assert [m.id for m in third.messages] == [mid(5)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 120), max_size=10), st.lists(st.booleans(), min_size=1, max_size=12))
+def test_message_batches_hold_the_same_messages_as_one_event_each(
+    cuts: list[int], heartbeats: list[bool]
+) -> None:
+    """However reads cut the stream, the batches are the messages in order, one event each
+    unless a heartbeat came between."""
+    stream = b"".join(
+        response(b"_heartbeat_") if beat else message(mid(i), b"m%d" % i)
+        for i, beat in enumerate(heartbeats)
+    )
+    told = []
+    for batches in (False, True):
+        conn = batching_connection() if batches else subscribed_connection()
+        got: list[object] = []
+        pos = 0
+        for cut in [*sorted(set(cuts)), len(stream)]:
+            if cut <= pos:
+                continue
+            conn.receive_data(stream[pos:cut], 0.0)
+            pos = cut
+            for o in conn.outputs():
+                if isinstance(o, MessagesReceived):
+                    assert batches and o.messages
+                    got += [m.id for m in o.messages]
+                elif isinstance(o, MessageReceived):
+                    got.append(o.message.id)
+                elif isinstance(o, HeartbeatReceived):
+                    got.append("heartbeat")
+        told.append(got)
+    assert told[0] == told[1]
+    assert told[0] == ["heartbeat" if beat else mid(i) for i, beat in enumerate(heartbeats)]
