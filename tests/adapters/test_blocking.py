@@ -145,7 +145,7 @@ def test_ctrl_c_stops_gracefully_and_loses_nothing(server: dict[str, str]) -> No
     with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
         producer.publish_many("slow", [b"%d" % i for i in range(30)])
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, nsqd],
+        [sys.executable, "-X", "faulthandler", "-c", SCRIPT, nsqd],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -156,7 +156,13 @@ def test_ctrl_c_stops_gracefully_and_loses_nothing(server: dict[str, str]) -> No
         assert "handling" in proc.stdout.readline()
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # where it waits: faulthandler prints every thread's stack on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"still running 30 s after Ctrl-C; its threads:\n{err}")
     finally:
         if proc.poll() is None:
             proc.kill()
