@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from nsq_anyio.blocking import Consumer, Message, Producer
-from tests.support.served import server
+from tests.support.served import as_in_a_terminal, server
 from tests.support.servers import channel_stats
 
 __all__ = ["server"]
@@ -149,6 +149,7 @@ def test_ctrl_c_stops_gracefully_and_loses_nothing(server: dict[str, str]) -> No
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_in_a_terminal,
     )
     try:
         assert proc.stdout is not None

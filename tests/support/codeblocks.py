@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import ROOT
-from .served import serve
+from .served import as_in_a_terminal, serve
 
 _BLOCK = re.compile(
     r"(?:<!-- docs-test: (?P<directive>[a-z-]+)(?: (?P<reason>[^>]*?))? -->\n)?"
@@ -122,6 +122,7 @@ def _run(block: Block, code: str, tmp_path: Path, timeout: float) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_in_a_terminal,  # Ctrl-C stops a block that runs forever
     )
     if block.directive == "runs-forever":
         try:

@@ -28,6 +28,13 @@ ENV = {
 }
 
 
+def as_in_a_terminal() -> None:
+    """A child's ``preexec_fn``: Ctrl-C (SIGINT) as a terminal's foreground program gets it.
+    A program started in the background of a script (``cmd &``, as a CI job may be) starts
+    with SIGINT ignored, and Python then raises no KeyboardInterrupt for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(
     *args: str, stdin: str = "", timeout: float = 60, program: list[str] = PY
 ) -> subprocess.CompletedProcess[str]:
@@ -55,6 +62,7 @@ class Running:
             stderr=subprocess.PIPE,
             text=True,
             env=ENV,
+            preexec_fn=as_in_a_terminal,
         )
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.out: list[str] = []
