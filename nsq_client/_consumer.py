@@ -159,15 +159,12 @@ class Consumer(ClientBase):
             message._responded = True
             # a message that timed out and came back is in the inbox twice: only the
             # newest copy's REQ is sent
-            with suppress(LocalProtocolError):
-                self._core.requeue(
-                    message.conn_id,
-                    message.id,
-                    now,
-                    delay=0.0,
-                    backoff=False,
-                    attempts=message.attempts,
-                )
+            self._requeue_now(message.conn_id, message.id, message.attempts, now)
+
+    def _requeue_now(self, conn_id: int, msg_id: bytes, attempts: int, now: float) -> None:
+        """REQ at once, without backoff, of a message the application never got."""
+        with suppress(LocalProtocolError):
+            self._core.requeue(conn_id, msg_id, now, delay=0.0, backoff=False, attempts=attempts)
 
     def _begin_stop(self) -> float:
         """CLS everywhere, what waits in the inbox requeued; returns the time it began."""
@@ -213,17 +210,10 @@ class Consumer(ClientBase):
     def _on_event(self, event: Event) -> None:
         if type(event) is MessagesReceived:
             if self._closing:
+                # the block is over: what nsqd sent before it read our CLS goes back at once
                 now = self._backend.current_time()
                 for late in event.messages:
-                    with suppress(LocalProtocolError):
-                        self._core.requeue(
-                            event.conn_id,
-                            late.id,
-                            now,
-                            delay=0.0,
-                            backoff=False,
-                            attempts=late.attempts,
-                        )
+                    self._requeue_now(event.conn_id, late.id, late.attempts, now)
                 return
             origin = self._origins.get(event.conn_id)
             if origin is None:
