@@ -202,9 +202,7 @@ class _Inbox:
         self._taken = 0
 
     def put(self, item: Message) -> None:
-        self.items.append(item)
-        if self.waiters:
-            self.waiters.popleft().set()
+        self.put_many([item])
 
     def put_many(self, items: list[Message]) -> None:
         """:meth:`put` each of ``items`` (what one read delivered), in order."""

@@ -3,11 +3,11 @@
 The connection tells a run of messages of a read as one :class:`MessagesReceived`.  They go
 into its in-flight book and out as events, one :class:`MessageReceived` each, or
 (``message_batches``) one :class:`MessagesReceived`, in the order nsqd sent them; the RDY
-planner is told once per run.  Some
-deliveries are set aside instead: requeued at once while the consumer requeues (nsqd sent
-them before it read our CLS), given up past ``max_attempts`` (a :class:`MessageGivenUp`, in
-its place among the others), or dropped as an ordered connection's repeats.  The intake keeps
-the counts of what came in and what was set aside.
+planner is told once per run.  Some deliveries are set aside instead: requeued at once while
+the consumer requeues (nsqd sent them before it read our CLS), given up past
+``max_attempts`` (a :class:`MessageGivenUp`, in its place among the others), or dropped as
+an ordered connection's repeats.  The intake keeps the counts of what came in and what was
+set aside.
 """
 
 from __future__ import annotations
@@ -148,4 +148,4 @@ class Intake:
         if self._batches:
             self._outputs.append(MessagesReceived(conn_id, batch))
         if planned is not None:
-            self._rdy.messages_received(planned, now, passed)
+            self._rdy.message_received(planned, now, True, passed)

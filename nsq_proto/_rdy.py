@@ -338,24 +338,17 @@ class RdyPlanner:
         self._need_redistribute = True
         self._rebalance(now)
 
-    def message_received(self, rec: ConnRdy, now: float, passed_on: bool) -> None:
-        """The connection of ``rec`` (see :meth:`connection_ready`) delivered a message;
-        ``passed_on``: the application got it (not a copy the consumer dropped or a message it
-        gave up on), so RDY may be refilled now."""
-        remaining = rec.remaining = rec.remaining - 1 if rec.remaining > 0 else 0
+    def message_received(self, rec: ConnRdy, now: float, passed_on: bool, count: int = 1) -> None:
+        """The connection of ``rec`` (see :meth:`connection_ready`) delivered ``count``
+        messages (of one read); ``passed_on``: the application got them (not copies the
+        consumer dropped or messages it gave up on), so RDY may be refilled now: one
+        decision for them all."""
+        remaining = rec.remaining - count
+        rec.remaining = remaining = remaining if remaining > 0 else 0
         rec.last_msg_at = now
         # go-nsq refreshes RDY when a message arrives (not only once it is answered), so a
         # consumer that holds messages to batch them still gets its full share
         if passed_on and (remaining <= 1 or remaining < rec.rdy / 4):
-            self._maybe_update_rdy(rec, now)
-
-    def messages_received(self, rec: ConnRdy, now: float, count: int) -> None:
-        """The connection of ``rec`` delivered ``count`` messages in one read, all passed on
-        to the application: :meth:`message_received` for each, with one RDY decision."""
-        remaining = rec.remaining - count
-        rec.remaining = remaining = remaining if remaining > 0 else 0
-        rec.last_msg_at = now
-        if remaining <= 1 or remaining < rec.rdy / 4:
             self._maybe_update_rdy(rec, now)
 
     def answered(self, rec: ConnRdy, now: float) -> None:

@@ -452,3 +452,23 @@ def test_rdy_invariants_hold_over_any_sequence_of_inputs(
                 assert planner.total_rdy - held_by_closing <= 1
         deadline = planner.next_deadline()
         assert deadline is None or deadline >= state["now"] or kind not in ("wait", "timer")
+
+
+def test_a_read_of_many_messages_is_one_rdy_decision() -> None:
+    """``count`` messages of one read count down together, and RDY is decided once, after
+    them all (nsqd sent them before it could read a RDY of ours anyway)."""
+    plan = Plan(1, max_in_flight=100)
+    plan.message(1, 0.5)  # RDY 1 used up: the full share
+    assert plan.sent() == {1: [1, 100]}
+    rec = plan.handles[1]
+    # messages set aside count down, and refill nothing
+    plan.planner.message_received(rec, 1.0, False, 80)
+    assert rec.remaining == 20 and rec.last_msg_at == 1.0
+    assert plan.sent() == {1: []}
+    # passed on: below a quarter left, one RDY for the whole read
+    plan.planner.message_received(rec, 2.0, True, 30)
+    assert plan.sent() == {1: [100]}
+    assert rec.remaining == 100 and rec.last_msg_at == 2.0
+    # plenty left: nothing sent
+    plan.planner.message_received(rec, 3.0, True, 50)
+    assert plan.sent() == {1: []} and rec.remaining == 50
