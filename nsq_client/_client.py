@@ -41,9 +41,14 @@ class ClientBase:
         self._tg: TaskGroupLike | None = None
 
     def _drive(
-        self, core: ClientCore, on_event: Callable[[Event], None], write_timeout: float
+        self,
+        core: ClientCore,
+        on_event: Callable[[Event], None],
+        write_timeout: float,
+        before_output: Callable[[], None] | None = None,
     ) -> None:
-        """Run ``core`` on this client's backend, its events to ``on_event``."""
+        """Run ``core`` on this client's backend, its events to ``on_event``
+        (``before_output``: see :class:`CoreRunner`)."""
         self._runner = CoreRunner(
             self._backend,
             core,
@@ -51,6 +56,7 @@ class ClientBase:
             ssl_context=self._ssl_context,
             tls_hostname=self._tls_hostname,
             write_timeout=write_timeout,
+            before_output=before_output,
         )
 
     async def __aenter__(self) -> Self:

@@ -90,7 +90,12 @@ class Consumer(ClientBase):
         )
         self.topic = topic
         self.channel = channel
-        self._drive(self._core, self._on_event, self.config.write_timeout)
+        #: FINs given since the runner's last pass, handed to the core then in one call
+        #: (:meth:`_take_answers`): the core's books, RDY and FIN bytes per read, not per message
+        self._answers: list[tuple[int, bytes, int]] = []
+        self._drive(
+            self._core, self._on_event, self.config.write_timeout, before_output=self._take_answers
+        )
         self._on_give_up = on_give_up
         self._inbox = _Inbox(backend)
         self._closing = False
@@ -142,6 +147,7 @@ class Consumer(ClientBase):
         (nsqd keeps a closed connection's messages until msg_timeout)."""
         backend = self._backend
         with backend.cancel_scope(shield=True):
+            self._take_answers()
             now = backend.current_time()
             self._core.stop(now, requeue_unanswered=True)
             self._requeue_inbox(now)
@@ -168,6 +174,7 @@ class Consumer(ClientBase):
 
     def _begin_stop(self) -> float:
         """CLS everywhere, what waits in the inbox requeued; returns the time it began."""
+        self._take_answers()
         now = self._backend.current_time()
         self._core.stop(now)
         self._requeue_inbox(now)
@@ -289,17 +296,34 @@ class Consumer(ClientBase):
     def _finish(self, message: Message) -> bool:
         """FIN; True when it should be written at once: nothing else the connection delivered
         is held, so no other answer will come to share the write (with ``max_in_flight=1`` the
-        next message waits for this FIN)."""
+        next message waits for this FIN).  Otherwise the FIN waits for the runner's next pass,
+        which hands every answer given meanwhile to the core at once."""
         delivered = message._message
         conn_id = message._origin.conn_id
-        now = self._clock()
-        if self._core.finish_left(conn_id, delivered.id, now, attempts=delivered.attempts) <= 0:
-            return True
-        self._runner.wake()  # written with the other answers given meanwhile
-        return False
+        answers = self._answers
+        answers.append((conn_id, delivered.id, delivered.attempts))
+        # more held than answered (on this connection, or in all): another answer will come
+        if self._core.in_flight_count(conn_id) > len(answers):
+            self._runner.wake()
+            return False
+        self._take_answers()
+        return True
+
+    def _take_answers(self) -> None:
+        """Hand the FINs given since the last call to the core: one call, one write and one
+        RDY decision per connection.  Called before the core's state is read or changed
+        otherwise (the runner's passes, a REQ, a TOUCH, a stop, the stats)."""
+        answers = self._answers
+        if answers:
+            self._answers = []
+            try:
+                self._core.finish_many(answers, self._clock())
+            except LocalProtocolError as exc:  # the core requeued it meanwhile (a stop's)
+                log.warning("a FIN was not sent: %s", exc)
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> bool:
         """REQ; True when it should be written at once (as :meth:`_finish` says)."""
+        self._take_answers()  # in the order given
         conn_id = message._origin.conn_id
         core = self._core
         core.requeue(
@@ -316,6 +340,7 @@ class Consumer(ClientBase):
         return False
 
     def _touch(self, message: Message) -> None:
+        self._take_answers()
         self._core.touch(message.conn_id, message.id, self._clock(), attempts=message.attempts)
         self._runner.wake()
 
@@ -363,6 +388,7 @@ class Consumer(ClientBase):
                 raise
             core = message._message
             answers.append((origin.conn_id, core.id, core.attempts))
+        self._take_answers()
         self._core.finish_many(answers, self._clock())
         self._runner.wake()
 
@@ -378,6 +404,7 @@ class Consumer(ClientBase):
                 raise LocalProtocolError(f"{message!r} was delivered by another consumer")
             if message._responded:
                 raise LocalProtocolError(f"{message!r} has already been answered")
+        self._take_answers()
         self._core.touch_many([(m.conn_id, m.id, m.attempts) for m in batch], self._clock())
         self._runner.wake()
 
@@ -433,10 +460,12 @@ class Consumer(ClientBase):
                         await self._runner.drain_here()
 
     def is_starved(self) -> bool:
+        self._take_answers()
         return self._core.is_starved()
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change max_in_flight (0 pauses the consumer); :meth:`run` then keeps it."""
+        self._take_answers()
         self._core.set_max_in_flight(max_in_flight, self._backend.current_time())
         self._max_in_flight_chosen = True
         self._runner.wake()
@@ -449,6 +478,7 @@ class Consumer(ClientBase):
 
     def stats(self) -> ConsumerStats:
         """Counters and each connection's state, as a JSON-ready dict."""
+        self._take_answers()
         core = self._core
         return {
             "topic": self.topic,

@@ -396,10 +396,14 @@ class CoreRunner:
         ssl_context: Any = None,
         tls_hostname: str | None = None,
         write_timeout: float = 10.0,
+        before_output: Callable[[], None] | None = None,
     ) -> None:
         self.backend = backend
         self.core = core
         self._on_event = on_event
+        #: called before the core's timers and outputs are looked at: what the client keeps
+        #: for the core to take in at once (the consumer's answers given since the last pass)
+        self._before_output = before_output
         self._ssl_context = ssl_context
         self._tls_hostname = tls_hostname
         self._write_timeout = write_timeout
@@ -449,6 +453,8 @@ class CoreRunner:
         while True:
             self._wake = backend.event()
             self._woken = False
+            if self._before_output is not None:
+                self._before_output()
             core.handle_timer(self._clock())  # an early call does nothing
             # a write that must wait (and a close) goes on in a task of its own: the pump
             # never waits on a peer, so the core's timers fire on time whatever one does
@@ -498,6 +504,8 @@ class CoreRunner:
           write that must wait and a close go on in tasks of that group (later bytes queue
           behind the write), and None is returned at the end.
         """
+        if self._before_output is not None:
+            self._before_output()
         core = self.core
         on_event = self._on_event
         links = self._links

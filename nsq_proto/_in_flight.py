@@ -162,8 +162,22 @@ def take_many(
     whether it sent one) in their turn.  A message not held is the error, and the others go
     on."""
     bulk: Bulk[R] = Bulk()
+    groups = bulk.groups
+    fresh = False
+    # the same connection as the answer before (the common case: the answers of one read):
+    # its record and ids without a lookup
+    last_id: ConnId | None = None
+    rec: R | None = None
+    ids: list[bytes] = []
     for conn_id, msg_id, attempts in answers:
-        rec = records.get(conn_id)
+        if conn_id != last_id:
+            last_id = conn_id
+            rec = records.get(conn_id)
+            if rec is not None:
+                entry = groups.get(conn_id)
+                if entry is None:
+                    entry = groups[conn_id] = (rec, [])
+                ids = entry[1]
         if rec is None:
             continue
         book = rec.in_flight
@@ -177,9 +191,13 @@ def take_many(
         if message is None:
             bulk.error = bulk.error or not_in_flight(msg_id, conn_id)
             continue
-        bulk.add(conn_id, rec, msg_id)
-        if not bulk.fresh:
-            bulk.fresh = attempts is None or attempts >= message.attempts
+        ids.append(msg_id)
+        if not fresh:
+            fresh = attempts is None or attempts >= message.attempts
+    for conn_id in [c for c, (_, taken) in groups.items() if not taken]:
+        del groups[conn_id]  # (answered one by one, or none held)
+    bulk.fresh = fresh
+    bulk.sent += sum(len(taken) for _, taken in groups.values())
     return bulk
 
 

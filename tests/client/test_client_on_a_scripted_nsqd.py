@@ -100,6 +100,68 @@ async def test_a_message_read_reaches_the_application_and_its_fin_is_written(
             assert isinstance(stream, PushScriptedStream) and stream.pushes_started == 1
 
 
+def answers(stream: ScriptedStream) -> list[bytes]:
+    return [line for line in stream.lines() if line.split(b" ")[0] in (b"FIN", b"REQ", b"CLS")]
+
+
+async def held(
+    backend: ScriptedBackend, c: nsq_client.Consumer, n: int
+) -> list[nsq_client.Message]:
+    """``n`` messages the application took (max_in_flight ``n``), all still held."""
+    await wait_until(lambda: backend.connections_to(ADDRESS) == 1)
+    stream = backend.stream(ADDRESS)
+    await wait_until(lambda: b"RDY 1" in stream.lines())
+    stream.feed(message(mid(1), b"1"))
+    await wait_until(lambda: b"RDY %d" % n in stream.lines())  # its share, once one came
+    stream.feed(b"".join(message(mid(i), b"%d" % i) for i in range(2, n + 1)))
+    return [await next_message(c) for _ in range(n)]
+
+
+async def test_answers_given_while_others_are_held_go_out_in_the_order_given(
+    kind: Kind,
+) -> None:
+    """A FIN given while the connection holds more is handed to the core later, with the
+    others given meanwhile: the stats count it at once, and the answers given after it (in
+    a batch, a REQ) are written after it."""
+    backend = ScriptedBackend(kind)
+    async with scripted_network(backend), consumer(backend, max_in_flight=5) as c:
+        m1, m2, m3, m4, m5 = await held(backend, c, 5)
+        await m1.finish()
+        stats = c.stats()
+        assert stats["messages_finished"] == 1
+        assert stats["connections"][0]["in_flight"] == 4
+        await m2.finish()
+        await c.finish_many([m3])
+        await m4.finish()
+        await m5.requeue(delay=0)
+        stream = backend.stream(ADDRESS)
+        await wait_until(lambda: len(answers(stream)) == 5)
+        fins = [b"FIN " + mid(i) for i in range(1, 5)]
+        assert answers(stream) == [*fins, b"REQ " + mid(5) + b" 0"]
+
+
+async def test_a_fin_given_just_before_the_stop_is_written_before_cls(kind: Kind) -> None:
+    backend = ScriptedBackend(kind)
+    async with scripted_network(backend), consumer(backend, max_in_flight=3) as c:
+        m1, m2, m3 = await held(backend, c, 3)
+        await m1.finish()
+        await m2.finish()
+        stopping = anyio.Event()
+
+        async def stop() -> None:
+            await c.stop()
+            stopping.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop)
+            stream = backend.stream(ADDRESS)
+            await wait_until(lambda: b"CLS" in stream.lines())
+            assert answers(stream) == [b"FIN " + mid(1), b"FIN " + mid(2), b"CLS"]
+            await m3.finish()  # the last one held: the stop ends
+        assert stopping.is_set()
+    assert answers(stream) == [b"FIN " + mid(1), b"FIN " + mid(2), b"CLS", b"FIN " + mid(3)]
+
+
 @pytest.mark.parametrize("refused", [False, True])
 async def test_answers_are_confirmed_only_if_nsqd_refused_none_before_its_close_wait(
     kind: Kind, refused: bool

@@ -932,3 +932,53 @@ def test_finish_left_tells_what_the_application_still_holds_of_the_connection() 
     core.connection_lost(other, 4.0, None)
     assert core.finish_left(other, mid(4), 4.0) == -1  # gone: nsqd delivers it again
     assert core.finish(other, mid(4), 4.0) is False
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 7), st.integers(1, 3)), max_size=30),
+    st.data(),
+    st.booleans(),
+)
+def test_finish_many_is_each_finish_in_turn_with_one_write_per_connection(
+    deliveries: list[tuple[int, int, int]], data: st.DataObject, lose_one: bool
+) -> None:
+    """Whatever was delivered (ids delivered again, so held twice) and however the answers
+    mix connections, name attempts or not, repeat a FIN, name what is not held or come for a
+    connection that is gone: ``finish_many`` leaves the books, the counters and the bytes of
+    every connection as ``finish`` called on each answer in turn, and raises if one of those
+    raised."""
+    answers = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 2), st.integers(0, 8), st.one_of(st.none(), st.integers(1, 3))
+            ),
+            max_size=30,
+        )
+    )
+    answers = data.draw(st.permutations([(c, i, a) for c, i, a in deliveries] + answers))
+    runs = []
+    for many in (False, True):
+        core, conns = start(3, max_in_flight=30)
+        for c, i, a in deliveries:
+            core.receive_data(conns[c], message(mid(i), b"m", attempts=a), 0.5)
+        if lose_one:
+            core.connection_lost(conns[2], 0.7)
+        core.outputs()
+        given = [(conns[c], mid(i), a) for c, i, a in answers]
+        failed = False
+        if many:
+            try:
+                core.finish_many(given, 1.0)
+            except LocalProtocolError:
+                failed = True
+        else:
+            for conn_id, msg_id, attempts in given:
+                try:
+                    core.finish(conn_id, msg_id, 1.0, attempts=attempts)
+                except LocalProtocolError:
+                    failed = True
+        held = [[(m.id, m.attempts) for m in core.in_flight(c)] for c in conns]
+        wire = sends(core.outputs())
+        runs.append((failed, wire, held, core.messages_finished, rdy_of(core)))
+    assert runs[0] == runs[1]
