@@ -302,8 +302,9 @@ class Consumer(ClientBase):
         conn_id = message._origin.conn_id
         answers = self._answers
         answers.append((conn_id, delivered.id, delivered.attempts))
-        # more held than answered (on this connection, or in all): another answer will come
-        if self._core.in_flight_count(conn_id) > len(answers):
+        # messages wait in the inbox, or the connection holds more than was answered (more
+        # than was answered in all, if several connections were): another answer will come
+        if self._inbox.items or self._core.in_flight_count(conn_id) > len(answers):
             self._runner.wake()
             return False
         self._take_answers()
@@ -429,6 +430,7 @@ class Consumer(ClientBase):
     async def _worker(self, handler: Handler) -> None:
         _HANDLING.set(self)  # this task's own context: what its handlers call sees it
         inbox = self._inbox
+        wake = self._runner.wake
         while True:
             message = inbox.take()
             if message is None:
