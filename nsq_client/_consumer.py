@@ -301,13 +301,17 @@ class Consumer(ClientBase):
         delivered = message._message
         conn_id = message._origin.conn_id
         answers = self._answers
-        answers.append((conn_id, delivered.id, delivered.attempts))
         # messages wait in the inbox, or the connection holds more than was answered (more
         # than was answered in all, if several connections were): another answer will come
-        if self._inbox.items or self._core.in_flight_count(conn_id) > len(answers):
+        if self._inbox.items or self._core.in_flight_count(conn_id) > len(answers) + 1:
+            answers.append((conn_id, delivered.id, delivered.attempts))
             self._runner.wake()
             return False
-        self._take_answers()
+        if answers:
+            answers.append((conn_id, delivered.id, delivered.attempts))
+            self._take_answers()
+        else:  # the lone answer (one in flight): straight to the core
+            self._core.finish(conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
         return True
 
     def _take_answers(self) -> None:
@@ -430,7 +434,6 @@ class Consumer(ClientBase):
     async def _worker(self, handler: Handler) -> None:
         _HANDLING.set(self)  # this task's own context: what its handlers call sees it
         inbox = self._inbox
-        wake = self._runner.wake
         while True:
             message = inbox.take()
             if message is None:
