@@ -418,6 +418,8 @@ class CoreRunner:
         #: the deadline the pump task sleeps until (-inf while it runs: it looks again)
         self._sleeping_until = -math.inf
         self._tg: TaskGroupLike | None = None
+        #: whether the pump task runs: while it does, its group takes new tasks
+        self._pumping = False
         #: the loop's clock (a cheaper callable once the loop runs: see :meth:`start`)
         self._clock: Callable[[], float] = backend.current_time
 
@@ -448,6 +450,13 @@ class CoreRunner:
     async def run(self, task_group: TaskGroupLike) -> None:
         """The pump loop; runs until cancelled."""
         self._tg = task_group
+        self._pumping = True
+        try:
+            await self._pump(task_group)
+        finally:
+            self._pumping = False
+
+    async def _pump(self, task_group: TaskGroupLike) -> None:
         backend = self.backend
         core = self.core
         while True:
@@ -542,7 +551,14 @@ class CoreRunner:
     def drain_soon(self) -> None:
         """Carry out the core's outputs without waiting, from a callback of the loop (a
         pushed read); wake the pump task when the core's next deadline moved before the one
-        it sleeps until."""
+        it sleeps until.
+
+        Once the pump task has ended, its group is ending too (on trio it may already be
+        closed to new arrivals, and a task started there would never run): the outputs wait
+        in the core for what comes next, a last exchange (:meth:`resume`, :meth:`flush`) or
+        :meth:`aclose`, which closes every connection still open."""
+        if not self._pumping:
+            return
         assert self._tg is not None
         self._carry_out(self._tg)
         deadline = self.core.next_deadline()

@@ -5,6 +5,7 @@ asyncio and on trio."""
 
 from __future__ import annotations
 
+import gc
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -502,3 +503,64 @@ async def test_an_error_the_application_raises_on_a_read_ends_the_runner_s_tasks
 
     collect(raised.value)
     assert [type(e) for e in found] == [Boom]
+
+
+async def test_outputs_given_by_a_callback_while_the_group_winds_down_wait_for_the_close(
+    kind: Kind,
+) -> None:
+    """A callback of the loop (a thread's FIN or publish handed over, a pushed read) drains
+    the core while the runner's task group is ending: its last task has exited but the
+    group's owner has not resumed, or it has left the group.  Nothing is started in that
+    group then (on trio it is closed to new arrivals, and a task started there would never
+    run): the outputs wait, and :meth:`CoreRunner.aclose` closes the connection."""
+    backend = ScriptedBackend(kind)
+    core = ScriptedCore(backend)
+    runner = nsq_client.CoreRunner(backend_protocol(backend), as_core(core), lambda e: None)
+    raised: list[BaseException] = []
+
+    def late_callback() -> None:
+        core.queue(Send(1, b"late"), Close(1, "done"))
+        try:
+            runner.drain_soon()
+        except BaseException as exc:  # what the loop would get
+            raised.append(exc)
+
+    async with scripted_network(backend):
+        async with anyio.create_task_group() as tg:
+            runner.start(tg)
+            core.queue(Connect(1, HOST, PORT, 5.0))
+            runner.wake()
+            await wait_until(lambda: ("connection_made", "1", b"") in backend.log)
+
+            async def last_to_leave() -> None:
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.sleep(0.05)  # the pump and the reader have exited
+                    # runs once this task has exited: the group has no task left
+                    call_soon = _call_soon()
+                    call_soon(late_callback)
+
+            tg.start_soon(last_to_leave)
+            await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        late_callback()  # and after the group is left
+        stream = backend.stream(ADDRESS)
+        with anyio.CancelScope(shield=True):
+            await runner.aclose()
+        assert stream.closed
+    gc.collect()  # a coroutine made for a task that never ran warns here
+    assert raised == []
+
+
+def _call_soon() -> Any:
+    """The running loop's call-soon (asyncio's ``call_soon``, trio's ``run_sync_soon``)."""
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop().call_soon
+    except RuntimeError:  # trio
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
