@@ -299,7 +299,22 @@ class Message:
         return self._message.has_responded
 
     def finish(self) -> None:
-        self._runner.call(self._message.finish)
+        """FIN: the message is done.  Hands the FIN to the consumer's event loop and returns
+        without waiting for it to be written (as go-nsq's ``Finish``); answering twice
+        raises here."""
+        message = self._message
+        soon = self._runner.soon
+        if soon is None or type(message) is not AsyncMessage:  # closed, or traced (otel)
+            self._runner.call(message.finish)
+            return
+        message._mark()
+        try:
+            # handed over by a callback of the loop (no task, no wait for it): it runs before
+            # anything this thread asks of the loop next, such as its next message or stats()
+            soon(partial(self._runner.client.finish_soon, message))
+        except RuntimeError:  # the loop closed meanwhile
+            message._responded = False
+            raise self._runner._outside() from None
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         self._runner.call(self._message.requeue, delay, backoff)

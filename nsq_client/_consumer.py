@@ -314,6 +314,16 @@ class Consumer(ClientBase):
             self._core.finish(conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
         return True
 
+    def finish_soon(self, message: Message) -> None:
+        """FIN of ``message`` (already marked answered) from a callback of the event loop, not
+        a task: for a thread that does not wait for it (the blocking API's ``finish``), as
+        ``await message.finish()`` would do it.  What the core refuses is logged."""
+        try:
+            if self._finish(message):
+                self._runner.drain_soon()
+        except NSQError as exc:
+            log.warning("FIN of message %r not sent: %s", message.id, exc)
+
     def _take_answers(self) -> None:
         """Hand the FINs given since the last call to the core: one call, one write and one
         RDY decision per connection.  Called before the core's state is read or changed

@@ -202,6 +202,18 @@ def test_the_latency_and_blocking_benchmarks_run_against_a_real_nsqd(nsqd: Nsqd)
     )
     assert "threads=20 count=200 size=200 rtt_ms=20" in output, output
     figure(output, "blocking_msgs_per_s")
+    output = run(
+        str(BENCHMARKS / "blocking_consume.py"),
+        "--nsqd-tcp-address",
+        address,
+        "--count",
+        "500",
+        "--topic",
+        "bench_blocking_consume",
+    )
+    assert "threads=4 count=500 size=200 asyncio" in output, output
+    figure(output, "blocking_msgs_per_s")
+    figure(output, "async_msgs_per_s")
 
 
 @pytest.mark.spark

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from nsq_anyio.blocking import Consumer, Message, Producer
+from nsq_proto import LocalProtocolError
 from tests.support.served import as_in_a_terminal, server
 from tests.support.servers import channel_stats
 
@@ -180,3 +181,27 @@ def test_ctrl_c_stops_gracefully_and_loses_nothing(server: dict[str, str]) -> No
 def test_either_event_loop(server: dict[str, str], backend: str) -> None:
     with Producer(nsqd_tcp_addresses=[server["nsqd TCP"]], backend=backend) as producer:
         producer.publish("loops", backend.encode())
+
+
+def test_a_finish_is_handed_over_without_waiting_and_counted_before_the_next_call(
+    server: dict[str, str],
+) -> None:
+    """``finish()`` returns without waiting for the loop, yet what the thread asks next
+    (its next message, the stats) comes after it; a second answer raises in the thread."""
+    nsqd = server["nsqd TCP"]
+    with Producer(nsqd_tcp_addresses=[nsqd]) as producer:
+        producer.publish_many("handed", [b"%d" % i for i in range(200)])
+    finished = 0
+    with Consumer("handed", "c", nsqd_tcp_addresses=[nsqd], max_in_flight=50) as consumer:
+        for message in consumer:
+            message.finish()
+            finished += 1
+            if finished % 50 == 0:
+                assert consumer.stats()["messages_finished"] == finished
+            if finished == 200:
+                with pytest.raises(LocalProtocolError, match="already been answered"):
+                    message.finish()
+                assert message.has_responded
+                break
+    stats = channel_stats(server["nsqd HTTP"], "handed", "c")
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)
