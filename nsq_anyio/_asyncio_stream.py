@@ -82,6 +82,15 @@ class LoopEvent:
                 self._more.remove(future)
 
 
+def as_asyncio(callback: Callable[[], object]) -> None:
+    """Call ``callback()`` from a callback of the loop, not a task, as :func:`_as_asyncio`."""
+    token = _library.set("asyncio")
+    try:
+        callback()
+    finally:
+        _library.reset(token)
+
+
 def _as_asyncio(callback: Callable[[_T], None], arg: _T) -> None:
     """Call ``callback(arg)`` from a callback of the loop, not a task: anyio calls made there
     (starting a task, reading the clock) must still know they run on asyncio."""

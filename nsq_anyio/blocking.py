@@ -46,6 +46,7 @@ from nsq_proto import (
     parse_client_addresses,
 )
 
+from ._asyncio_stream import as_asyncio
 from ._consumer import Consumer as AsyncConsumer
 from ._producer import Producer as AsyncProducer
 
@@ -129,13 +130,21 @@ class _Runner(Generic[C]):
 
 
 async def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
-    """How another thread schedules a callback on this thread's event loop."""
+    """How another thread schedules a callback on this thread's event loop.  On asyncio the
+    callback runs knowing it is on asyncio: a callback has no task for anyio to tell the
+    library by, and the client may start a task there (a write that waits for room, a
+    close)."""
     try:
-        return asyncio.get_running_loop().call_soon_threadsafe
-    except RuntimeError:  # trio's thread
+        call_soon = asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:  # trio's thread (trio tells anyio itself)
         import trio
 
         return trio.lowlevel.current_trio_token().run_sync_soon
+
+    def soon(callback: Callable[[], object]) -> object:
+        return call_soon(as_asyncio, callback)
+
+    return soon
 
 
 class _Blocking(Generic[C]):

@@ -13,9 +13,12 @@ import time
 import urllib.request
 from typing import Any
 
+import anyio.from_thread
+import anyio.to_thread
 import pytest
 
 from nsq_anyio.blocking import Consumer, Message, Producer
+from nsq_emulator.proxy import FaultProxy
 from nsq_proto import LocalProtocolError
 from tests.support.served import as_in_a_terminal, server
 from tests.support.servers import channel_stats
@@ -59,6 +62,44 @@ def test_many_threads_publish_through_one_producer(server: dict[str, str]) -> No
     with urllib.request.urlopen(f"http://{server['nsqd HTTP']}/stats?format=json&topic=many") as r:
         (topic,) = json.load(r)["topics"]
     assert topic["message_count"] == 400
+
+
+def test_threads_publishing_while_nsqd_reads_nothing_all_get_their_answer_once_it_reads(
+    server: dict[str, str],
+) -> None:
+    """nsqd reads nothing for a second while 8 threads publish bodies of 1 MB: the
+    socket's buffers fill, so a publish handed to the loop by a callback must start a
+    write that waits for room.  Once nsqd reads again every publish is answered, none waits
+    for ``publish_timeout``, and nsqd has every message."""
+    errors: list[BaseException] = []
+    with anyio.from_thread.start_blocking_portal() as portal:
+        proxy = FaultProxy(server["nsqd TCP"])
+        with portal.wrap_async_context_manager(proxy):
+            with Producer(nsqd_tcp_addresses=[proxy.address], publish_timeout=10.0) as producer:
+                producer.publish("bulky", b"connected")
+                portal.call(proxy.half_open)
+
+                def publish(k: int) -> None:
+                    try:
+                        for i in range(2):
+                            producer.publish("bulky", b"%d-%d:" % (k, i) + b"x" * 1000 * 1000)
+                    except BaseException as exc:
+                        errors.append(exc)
+
+                workers = [threading.Thread(target=publish, args=(k,)) for k in range(8)]
+                for w in workers:
+                    w.start()
+                time.sleep(1.0)
+                portal.call(proxy.heal)
+                started = time.monotonic()
+                for w in workers:
+                    w.join()
+                took = time.monotonic() - started
+    assert errors == []
+    assert took < 8.0  # not publish_timeout
+    with urllib.request.urlopen(f"http://{server['nsqd HTTP']}/stats?format=json&topic=bulky") as r:
+        (topic,) = json.load(r)["topics"]
+    assert topic["message_count"] == 17
 
 
 def test_run_handlers_in_threads_and_stop(server: dict[str, str]) -> None:
@@ -205,3 +246,35 @@ def test_a_finish_is_handed_over_without_waiting_and_counted_before_the_next_cal
                 break
     stats = channel_stats(server["nsqd HTTP"], "handed", "c")
     assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_callback_handed_to_the_loop_by_a_thread_can_start_a_task(backend: str) -> None:
+    """A FIN or a publish from a thread runs as a callback of the loop, not in a task, and
+    may start one (a write that waits for room, a close): anyio must know the loop there."""
+    from nsq_anyio.blocking import _call_soon_threadsafe
+
+    done = threading.Event()
+    seen: list[object] = []
+
+    async def task() -> None:
+        seen.append("task ran")
+        done.set()
+
+    async def group() -> None:
+        async with anyio.create_task_group() as tg:
+
+            def callback() -> None:
+                try:
+                    tg.start_soon(task)
+                except BaseException as exc:
+                    seen.append(exc)
+                    done.set()
+
+            soon = await _call_soon_threadsafe()
+            threading.Thread(target=soon, args=(callback,)).start()
+            await anyio.to_thread.run_sync(done.wait, 5.0)
+
+    with anyio.from_thread.start_blocking_portal(backend) as portal:
+        portal.call(group)
+    assert seen == ["task ran"]
