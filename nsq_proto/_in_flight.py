@@ -168,16 +168,12 @@ def take_many(
     # its record and ids without a lookup
     last_id: ConnId | None = None
     rec: R | None = None
-    ids: list[bytes] = []
+    ids: list[bytes] | None = None  # the group of ``last_id``, once it has one
     for conn_id, msg_id, attempts in answers:
         if conn_id != last_id:
             last_id = conn_id
             rec = records.get(conn_id)
-            if rec is not None:
-                entry = groups.get(conn_id)
-                if entry is None:
-                    entry = groups[conn_id] = (rec, [])
-                ids = entry[1]
+            ids = None
         if rec is None:
             continue
         book = rec.in_flight
@@ -191,11 +187,14 @@ def take_many(
         if message is None:
             bulk.error = bulk.error or not_in_flight(msg_id, conn_id)
             continue
+        if ids is None:
+            entry = groups.get(conn_id)
+            if entry is None:
+                entry = groups[conn_id] = (rec, [])
+            ids = entry[1]
         ids.append(msg_id)
         if not fresh:
             fresh = attempts is None or attempts >= message.attempts
-    for conn_id in [c for c, (_, taken) in groups.items() if not taken]:
-        del groups[conn_id]  # (answered one by one, or none held)
     bulk.fresh = fresh
     bulk.sent += sum(len(taken) for _, taken in groups.values())
     return bulk
