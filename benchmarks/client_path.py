@@ -75,8 +75,11 @@ class FakeNsqd:
 
     def handle(self, data: bytes) -> None:
         if data[:4] == b"FIN ":  # the steady state: FINs alone
-            self.finished += data.count(b"FIN ")
-            return
+            fins = data.count(b"FIN ")
+            if data.count(b"\n") == fins:
+                self.finished += fins
+                return
+            # FINs and another command (RDY, or the CLS of a stop): each line in turn
         buf = self.pending + data
         while buf:
             if buf[:4] == b"  V2":
