@@ -32,7 +32,15 @@ from nsq_proto.wire import NON_FATAL_ERRORS
 
 from ._backend import Backend
 from ._client import ClientBase
-from ._message import GiveUpHook, Handler, Message, _Inbox, _Origin, check_handler
+from ._message import (
+    CHECKPOINT_EVERY,
+    GiveUpHook,
+    Handler,
+    Message,
+    _Inbox,
+    _Origin,
+    check_handler,
+)
 from ._options import ConsumerOptions, build_config, chose_max_in_flight
 from ._stats import ConsumerStats
 from ._telemetry import consumers as _consumers
@@ -305,7 +313,9 @@ class Consumer(ClientBase):
         # than was answered in all, if several connections were): another answer will come
         if self._inbox.items or self._core.in_flight_count(conn_id) > len(answers) + 1:
             answers.append((conn_id, delivered.id, delivered.attempts))
-            self._runner.wake()
+            runner = self._runner
+            if not runner._woken:  # (wake's own test, without the call on every answer)
+                runner.wake()
             return False
         if answers:
             answers.append((conn_id, delivered.id, delivered.attempts))
@@ -364,8 +374,13 @@ class Consumer(ClientBase):
 
     async def __anext__(self) -> Message:
         inbox = self._inbox
-        message = inbox.take()  # (the inbox's get, inline: one coroutine fewer per message)
-        if message is None:
+        # the inbox's get and take, inline: one coroutine and one call fewer per message
+        inbox._taken = taken = inbox._taken + 1
+        items = inbox.items
+        message: Message | None
+        if items and taken % CHECKPOINT_EVERY:
+            message = items.popleft()
+        else:
             message = await inbox.wait_next()
             if message is None:
                 raise StopAsyncIteration
@@ -444,9 +459,15 @@ class Consumer(ClientBase):
     async def _worker(self, handler: Handler) -> None:
         _HANDLING.set(self)  # this task's own context: what its handlers call sees it
         inbox = self._inbox
+        items = inbox.items
+        runner = self._runner
         while True:
-            message = inbox.take()
-            if message is None:
+            # inbox.take(), inline: the next message without a checkpoint while one waits
+            inbox._taken = taken = inbox._taken + 1
+            message: Message | None
+            if items and taken % CHECKPOINT_EVERY:
+                message = items.popleft()
+            else:
                 message = await inbox.wait_next()
                 if message is None:
                     return
@@ -471,8 +492,17 @@ class Consumer(ClientBase):
             else:
                 if not message._responded:
                     message._responded = True  # what ``await message.finish()`` does
-                    if self._finish(message):
-                        await self._runner.drain_here()
+                    if items:
+                        # _finish's first case, inline: more wait, so another answer will
+                        # share the write; the runner's next pass hands them over
+                        delivered = message._message
+                        self._answers.append(
+                            (message._origin.conn_id, delivered.id, delivered.attempts)
+                        )
+                        if not runner._woken:
+                            runner.wake()
+                    elif self._finish(message):
+                        await runner.drain_here()
 
     def is_starved(self) -> bool:
         self._take_answers()
