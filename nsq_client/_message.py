@@ -137,7 +137,9 @@ class Message:
 
     async def finish(self) -> None:
         """FIN: the message is done; nsqd forgets it."""
-        self._mark()
+        if self._responded:  # _mark, inline (once per message; a subclass overrides both)
+            raise LocalProtocolError("this message has already been answered")
+        self._responded = True
         consumer = self._origin.consumer
         if consumer._finish(self):
             await consumer._runner.drain_here()

@@ -162,6 +162,12 @@ class _TracedMessage(Message):
         span.end()
         self._telemetry.process_duration.record(time.perf_counter() - self._start, self._attributes)
 
+    async def finish(self) -> None:
+        self._mark()  # answered, and its span ended (Message.finish marks it inline)
+        consumer = self._origin.consumer
+        if consumer._finish(self):
+            await consumer._runner.drain_here()
+
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         if not self._responded:
             self._answer = "requeue"
