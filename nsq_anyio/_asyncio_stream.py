@@ -19,7 +19,7 @@ import ssl
 import struct
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TypeVar, cast
+from typing import TypeVarTuple, Unpack, cast
 
 try:
     # what anyio asks to know the running library; a loop callback has no task to tell it
@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover (anyio then finds the running asyncio lo
 
 __all__ = ["AsyncioStream", "LoopEvent", "connect"]
 
-_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 #: stop reading from the socket when this much arrived and was not read yet
 _READ_LIMIT = 4 * 1024 * 1024
@@ -82,21 +82,13 @@ class LoopEvent:
                 self._more.remove(future)
 
 
-def as_asyncio(callback: Callable[[], object]) -> None:
-    """Call ``callback()`` from a callback of the loop, not a task, as :func:`_as_asyncio`."""
+def as_asyncio(callback: Callable[[Unpack[_Ts]], object], *args: *_Ts) -> None:
+    """Call ``callback(*args)`` from a callback of the loop, not a task (a pushed read, a
+    thread's call handed over): anyio calls made there (starting a task, reading the clock)
+    must still know they run on asyncio."""
     token = _library.set("asyncio")
     try:
-        callback()
-    finally:
-        _library.reset(token)
-
-
-def _as_asyncio(callback: Callable[[_T], None], arg: _T) -> None:
-    """Call ``callback(arg)`` from a callback of the loop, not a task: anyio calls made there
-    (starting a task, reading the clock) must still know they run on asyncio."""
-    token = _library.set("asyncio")
-    try:
-        callback(arg)
+        callback(*args)
     finally:
         _library.reset(token)
 
@@ -127,7 +119,7 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         on_data = self.on_data
         if on_data is not None:
-            _as_asyncio(on_data, data)
+            as_asyncio(on_data, data)
             return
         self.chunks.append(data)
         self.buffered += len(data)
@@ -155,7 +147,7 @@ class _Protocol(asyncio.Protocol):
         on_end = self.on_end
         if on_end is not None:
             self.on_data = self.on_end = None  # once
-            _as_asyncio(on_end, self.error)
+            as_asyncio(on_end, self.error)
 
     def pause_writing(self) -> None:
         self._write_paused = True

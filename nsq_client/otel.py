@@ -163,10 +163,9 @@ class _TracedMessage(Message):
         self._telemetry.process_duration.record(time.perf_counter() - self._start, self._attributes)
 
     async def finish(self) -> None:
-        self._mark()  # answered, and its span ended (Message.finish marks it inline)
-        consumer = self._origin.consumer
-        if consumer._finish(self):
-            await consumer._runner.drain_here()
+        if not self._responded:  # its span ends with the answer (finish marks it inline)
+            self._end(self._answer)
+        await super().finish()
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         if not self._responded:
