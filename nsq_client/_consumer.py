@@ -95,6 +95,7 @@ class Consumer(ClientBase):
             lookupd_http_addresses=lookupd_http_addresses,
             rng=rng,
             message_batches=True,
+            message_class=Message,
         )
         self.topic = topic
         self.channel = channel
@@ -233,12 +234,16 @@ class Consumer(ClientBase):
             origin = self._origins.get(event.conn_id)
             if origin is None:
                 origin = self._origin(event.conn_id)
-            self._inbox.put_many([Message(origin, m) for m in event.messages])
+            messages: list[Message] = event.messages  # type: ignore[assignment]
+            for message in messages:  # built by the connection as our class (message_class)
+                message._origin = origin
+                message._responded = False
+            self._inbox.put_many(messages)
             return
         if _telemetry.active is not None:  # nsq_client.otel: connection and lookupd counters
             _telemetry.active.consumer_event(self, event)
         if isinstance(event, MessageGivenUp):
-            message = Message(self._origin(event.conn_id), event.message)
+            message = Message._of(self._origin(event.conn_id), event.message)
             message._responded = event.finished
             log.warning("giving up on message %r after %d attempts", message.id, message.attempts)
             if self._on_give_up is not None:
@@ -306,22 +311,21 @@ class Consumer(ClientBase):
         is held, so no other answer will come to share the write (with ``max_in_flight=1`` the
         next message waits for this FIN).  Otherwise the FIN waits for the runner's next pass,
         which hands every answer given meanwhile to the core at once."""
-        delivered = message._message
         conn_id = message._origin.conn_id
         answers = self._answers
         # messages wait in the inbox, or the connection holds more than was answered (more
         # than was answered in all, if several connections were): another answer will come
         if self._inbox.items or self._core.in_flight_count(conn_id) > len(answers) + 1:
-            answers.append((conn_id, delivered.id, delivered.attempts))
+            answers.append((conn_id, message.id, message.attempts))
             runner = self._runner
             if not runner._woken:  # (wake's own test, without the call on every answer)
                 runner.wake()
             return False
         if answers:
-            answers.append((conn_id, delivered.id, delivered.attempts))
+            answers.append((conn_id, message.id, message.attempts))
             self._take_answers()
         else:  # the lone answer (one in flight): straight to the core
-            self._core.finish(conn_id, delivered.id, self._clock(), attempts=delivered.attempts)
+            self._core.finish(conn_id, message.id, self._clock(), attempts=message.attempts)
         return True
 
     def finish_soon(self, message: Message) -> None:
@@ -416,8 +420,7 @@ class Consumer(ClientBase):
                 for marked in batch[:i]:
                     marked._responded = False
                 raise
-            core = message._message
-            answers.append((origin.conn_id, core.id, core.attempts))
+            answers.append((origin.conn_id, message.id, message.attempts))
         self._take_answers()
         self._core.finish_many(answers, self._clock())
         self._runner.wake()
@@ -495,9 +498,8 @@ class Consumer(ClientBase):
                     if items:
                         # _finish's first case, inline: more wait, so another answer will
                         # share the write; the runner's next pass hands them over
-                        delivered = message._message
                         self._answers.append(
-                            (message._origin.conn_id, delivered.id, delivered.attempts)
+                            (message._origin.conn_id, message.id, message.attempts)
                         )
                         if not runner._woken:
                             runner.wake()

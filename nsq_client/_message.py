@@ -8,7 +8,7 @@ import json
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from nsq_proto import LocalProtocolError
 from nsq_proto import Message as CoreMessage
@@ -53,16 +53,44 @@ class _Origin:
         self.partition = partition
 
 
-class Message:
+class Message(CoreMessage):
     """A delivered message with its answers.  Answer each message once: ``finish`` or
-    ``requeue`` (``touch`` buys time first)."""
+    ``requeue`` (``touch`` buys time first).
 
-    __slots__ = ("_message", "_origin", "_responded")
+    It is the core's :class:`nsq_proto.Message` (``id``, ``body``, ``attempts``,
+    ``timestamp``, ``trace_id`` and the rest are its fields: treat them as read-only), built
+    by the connection that read it, with where it came from and whether it was answered.
+    Two messages are equal only if they are the same object (nsqd may deliver the same id
+    again)."""
 
-    def __init__(self, origin: _Origin, message: CoreMessage) -> None:
+    __slots__ = ("_origin", "_responded")
+
+    _origin: _Origin
+    _responded: bool
+
+    @classmethod
+    def _of(cls, origin: _Origin, message: CoreMessage) -> Self:
+        """A copy of ``message`` (the core's, or another's) delivered through ``origin``."""
+        self = cls(
+            message.id,
+            message.timestamp,
+            message.attempts,
+            message.body,
+            message.trace_id,
+            message.internal_id,
+            message.ext_version,
+            message.ext_data,
+            message.queue_offset,
+            message.raw_size,
+        )
         self._origin = origin
-        self._message = message
         self._responded = False
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
 
     @property
     def _consumer(self) -> _Answers:
@@ -84,46 +112,21 @@ class Message:
         return self._origin.partition
 
     @property
-    def id(self) -> bytes:
-        """nsqd's id of the message (16 bytes; the partitioned server's: 16 as well)."""
-        return self._message.id
-
-    @property
-    def body(self) -> bytes:
-        """What was published."""
-        return self._message.body
-
-    @property
-    def attempts(self) -> int:
-        """How many times nsqd has delivered it, this delivery included (1 the first time)."""
-        return self._message.attempts
-
-    @property
-    def timestamp(self) -> int:
-        """Nanoseconds since the epoch, when nsqd received the message."""
-        return self._message.timestamp
-
-    @property
-    def trace_id(self) -> int | None:
-        """The trace id (partitioned server), else None."""
-        return self._message.trace_id
-
-    @property
     def ext(self) -> dict[str, Any] | None:
         """The JSON extension header (partitioned server, extended topics), else None."""
-        message = self._message
-        if message.ext_version != 4 or not message.ext_data:
+        if self.ext_version != 4 or not self.ext_data:
             return None
         try:
-            value = json.loads(message.ext_data)
+            value = json.loads(self.ext_data)
         except ValueError:
             return None
         return value if isinstance(value, dict) else None
 
     @property
     def raw(self) -> CoreMessage:
-        """The core's decoded message (:class:`nsq_proto.Message`)."""
-        return self._message
+        """The core's decoded message (:class:`nsq_proto.Message`): the message itself, since
+        it is one (kept for code written when it was a separate object)."""
+        return self
 
     @property
     def has_responded(self) -> bool:

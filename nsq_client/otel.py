@@ -128,23 +128,33 @@ class _TracedMessage(Message):
 
     __slots__ = ("_answer", "_attributes", "_held", "_span", "_start", "_telemetry")
 
-    def __init__(
-        self,
+    _telemetry: _Instrumentation
+    _span: Span
+    _attributes: dict[str, Any]
+    _start: float
+    _answer: str
+    #: the unanswered traced messages of its connection, itself among them
+    _held: set[_TracedMessage]
+
+    @classmethod
+    def traced(
+        cls,
         message: Message,
         telemetry: _Instrumentation,
         span: Span,
         attributes: dict[str, Any],
         held: set[_TracedMessage],
-    ) -> None:
-        super().__init__(message._origin, message._message)
+    ) -> _TracedMessage:
+        """A copy of ``message`` whose answer ends ``span``."""
+        self = cls._of(message._origin, message)
         self._telemetry = telemetry
         self._span = span
         self._attributes = attributes
         self._start = time.perf_counter()
         self._answer = "finish"
-        #: the unanswered traced messages of its connection, itself among them
         self._held = held
         held.add(self)
+        return self
 
     def _mark(self) -> None:
         super()._mark()
@@ -357,8 +367,7 @@ class _Instrumentation:
     def _creation(self, message: Message) -> tuple[otel_context.Context, list[Link]]:
         """The context to start a message's span in: the one its extension header carries
         (and a link to it), else an empty one (a root span)."""
-        raw = message._message
-        if raw.ext_version == 4 and raw.ext_data:
+        if message.ext_version == 4 and message.ext_data:
             ext = message.ext
             if ext:
                 carrier = {k: v for k, v in ext.items() if isinstance(v, str)}
@@ -407,7 +416,7 @@ class _Instrumentation:
         )
         seen = self._seen.setdefault(consumer, _ConsumerSeen())
         held = seen.held.setdefault(message.conn_id, set())
-        return _TracedMessage(message, self, span, metric_attributes, held)
+        return _TracedMessage.traced(message, self, span, metric_attributes, held)
 
     def consumer_event(self, consumer: Consumer, event: Event) -> None:
         if isinstance(event, Ready):

@@ -134,6 +134,18 @@ def parse_error_frame(data: bytes) -> tuple[str, str]:
     return code, rest
 
 
+def check_features(cfg: ConnectionConfig, features: NegotiatedFeatures) -> None:
+    """Refuse what nsqd enabled without being asked (its IDENTIFY response)."""
+    if features.tls_v1 and not cfg.tls_v1:
+        raise RemoteProtocolError("nsqd enabled TLS, which was not asked for")
+    if features.snappy and not cfg.snappy:
+        raise RemoteProtocolError("nsqd enabled snappy, which was not asked for")
+    if features.deflate and not cfg.deflate:
+        raise RemoteProtocolError("nsqd enabled deflate, which was not asked for")
+    if features.snappy and features.deflate:
+        raise RemoteProtocolError("nsqd enabled both snappy and deflate")
+
+
 def _ms(seconds: float) -> int:
     if seconds < 0:
         raise LocalProtocolError(f"a delay cannot be negative: {seconds!r}")
@@ -143,7 +155,8 @@ def _ms(seconds: float) -> int:
 class Connection:
     """The client side of one nsqd TCP connection: each message it delivers is a
     :class:`MessageReceived` (with ``message_batches``, the messages that follow one another
-    in a read are one :class:`MessagesReceived`)."""
+    in a read are one :class:`MessagesReceived`), of ``message_class`` (a subclass of
+    :class:`Message`, built with its arguments) when one is given."""
 
     def __init__(
         self,
@@ -152,10 +165,12 @@ class Connection:
         *,
         address: tuple[str, int] | None = None,
         message_batches: bool = False,
+        message_class: type[Message] = Message,
     ) -> None:
         self.config = config if config is not None else ConnectionConfig()
         self.conn_id = conn_id
         self._batches = message_batches
+        self._message_class = message_class
         #: (message_batches) the list of the read's latest MessagesReceived, while it grows
         self._run: list[Message] | None = None
         #: the nsqd it connects to, named in errors (None: unknown)
@@ -367,6 +382,8 @@ class Connection:
         receiving = self.state in CAN_RECEIVE_MESSAGES
         batches = self._batches
         batch = self._run  # (batches) this read's messages since its last other frame
+        cls = self._message_class
+        native = cls is Message  # then built directly (compiled: no call through an object)
         n = len(buf)
         size: int  # declared: the compiled build then compares machine ints, not objects
         frame_type: int
@@ -394,13 +411,16 @@ class Connection:
                     raise RemoteProtocolError(
                         f"message frame in state {self.state.value} (not subscribed)"
                     )
-                if standard and size >= 4 + MESSAGE_HEADER_SIZE:
-                    # decode_message's standard case, inline (once per message)
+                if not standard or size < 4 + MESSAGE_HEADER_SIZE:
+                    message = decode_message(buf[pos + 8 : end], layout, cls)
+                elif native:  # decode_message's standard case, inline (once per message)
                     message = Message(
                         buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
                     )
                 else:
-                    message = decode_message(buf[pos + 8 : end], layout)
+                    message = cls(
+                        buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
+                    )
                 if batch is not None:
                     batch.append(message)
                 else:
@@ -435,7 +455,7 @@ class Connection:
         state = self.state
         if state is ConnectionState.IDENTIFYING:
             features = parse_identify_response(payload)
-            self._check_features(features)
+            check_features(self.config, features)
             self.features = features
             if features.tls_v1:
                 self._move(Trigger.TLS_ASKED)
@@ -457,17 +477,6 @@ class Connection:
         elif state is ConnectionState.AUTHENTICATING:
             self.auth = parse_auth_response(payload)
             self._ready()
-
-    def _check_features(self, features: NegotiatedFeatures) -> None:
-        cfg = self.config
-        if features.tls_v1 and not cfg.tls_v1:
-            raise RemoteProtocolError("nsqd enabled TLS, which was not asked for")
-        if features.snappy and not cfg.snappy:
-            raise RemoteProtocolError("nsqd enabled snappy, which was not asked for")
-        if features.deflate and not cfg.deflate:
-            raise RemoteProtocolError("nsqd enabled deflate, which was not asked for")
-        if features.snappy and features.deflate:
-            raise RemoteProtocolError("nsqd enabled both snappy and deflate")
 
     def _start_compression(self) -> None:
         features = self.features

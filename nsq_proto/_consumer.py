@@ -139,7 +139,8 @@ class Consumer:
     Each message the application gets is a :class:`MessageReceived`; with
     ``message_batches``, the messages of one read of a connection are one
     :class:`MessagesReceived` instead (in the order nsqd sent them), for a client that hands
-    them on together: one event, and one RDY decision, per read."""
+    them on together: one event, and one RDY decision, per read.  The messages are of
+    ``message_class``: :class:`Message`, or a client's subclass of it."""
 
     def __init__(
         self,
@@ -151,6 +152,7 @@ class Consumer:
         lookupd_http_addresses: Iterable[str | tuple[str, int]] = (),
         rng: random.Random | None = None,
         message_batches: bool = False,
+        message_class: type[Message] = Message,
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
@@ -195,6 +197,7 @@ class Consumer:
             rdy_redistribute_interval=cfg.rdy_redistribute_interval,
         )
         self._intake = Intake(cfg, self._rdy, self._outputs, message_batches)
+        self._message_class = message_class
         self.messages_finished = 0
         #: the application's REQs (the intake counts those of the messages it sets aside)
         self._requeued = 0
@@ -325,7 +328,13 @@ class Consumer:
             extend_support=extend_support or self.config.extend_support
         )
         ordered = discovery.ordered(partition)
-        conn = Connection(config, conn_id, address=address, message_batches=True)
+        conn = Connection(
+            config,
+            conn_id,
+            address=address,
+            message_batches=True,
+            message_class=self._message_class,
+        )
         repeats = OrderedRepeats() if ordered else None
         rec = _Conn(conn_id, conn, key, address, partition, ordered, InFlight(conn_id), repeats)
         self._table.add(conn_id, rec)

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from ._errors import RemoteProtocolError
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy's extensions: the attribute only tells mypyc
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> object:  # type: ignore[misc]
+        return lambda cls: cls
+
 
 __all__ = [
     "Message",
@@ -46,7 +54,10 @@ STANDARD_LAYOUT: Final = MessageLayout()
 
 # Not frozen on purpose: a frozen dataclass's __init__ costs ~6x more, and a message is built
 # for every frame on the hot path.  Treat it as read-only.  Its __init__ is written out (the
-# one @dataclass would generate): mypyc compiles it, where a generated one stays Python.
+# one @dataclass would generate): mypyc compiles it, where a generated one stays Python.  A
+# client may subclass it (``nsq_client.Message`` does, adding its answers) and have the
+# connections build its class directly: ``message_class`` of ``Consumer`` and ``Connection``.
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclass(slots=True, init=False)
 class Message:
     """A message as nsqd delivered it.  ``id`` is opaque: echo it in FIN/REQ/TOUCH."""
@@ -89,8 +100,14 @@ class Message:
         self.raw_size = raw_size
 
 
-def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Message:
-    """Decode the data of a message frame; a truncated frame is a :class:`RemoteProtocolError`."""
+M = TypeVar("M", bound=Message)
+
+
+def decode_message(
+    data: bytes, layout: MessageLayout = STANDARD_LAYOUT, cls: type[M] = Message  # type: ignore[assignment]
+) -> M:
+    """Decode the data of a message frame into a ``cls`` (a :class:`Message` or a subclass
+    of it); a truncated frame is a :class:`RemoteProtocolError`."""
     if len(data) < MESSAGE_HEADER_SIZE:
         raise RemoteProtocolError(
             f"message frame of {len(data)} bytes is shorter than the {MESSAGE_HEADER_SIZE}-byte header"
@@ -100,7 +117,7 @@ def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Mess
     timestamp, attempts = _unpack_ts_attempts(data)
     msg_id = data[10:26]
     if layout is STANDARD_LAYOUT:
-        return Message(msg_id, timestamp, attempts, data[26:])
+        return cls(msg_id, timestamp, attempts, data[26:])
     pos = 26
     ext_version: int | None = None
     ext_data: bytes | None = None
@@ -130,7 +147,7 @@ def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Mess
     if layout.binary_id:
         (internal_id,) = _U64.unpack_from(msg_id, 0)
         (trace_id,) = _U64.unpack_from(msg_id, 8)
-    return Message(
+    return cls(
         msg_id,
         timestamp,
         attempts,

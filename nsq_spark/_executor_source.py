@@ -150,7 +150,7 @@ class _Share:
         part = self.part
         taken = self.taken.setdefault(consumer, [])
         if self.count and self.count + len(batch) <= part.messages and not self.suspects:
-            size = sum([len(m.raw.body) for m in batch])
+            size = sum([len(m.body) for m in batch])
             if self.size + size <= part.bytes:  # all of it fits: taken at once
                 taken.extend(batch)
                 self.count += len(batch)

@@ -233,7 +233,7 @@ class Feed:
     def _receive(self, batch: list[nsq_anyio.Message], consumer: nsq_anyio.Consumer) -> None:
         now = anyio.current_time()
         cutoff = self.available_now_cutoff_ns
-        size = sum([len(m.raw.body) for m in batch])
+        size = sum([len(m.body) for m in batch])
         if cutoff is None:
             self.held.extend([(message, now, consumer) for message in batch])
             self.held_bytes += size
@@ -243,7 +243,7 @@ class Feed:
                     self.later.append((message, now, consumer))
                 else:
                     self.held.append((message, now, consumer))
-                    self.held_bytes += len(message.raw.body)
+                    self.held_bytes += len(message.body)
         self._follow_size(size / len(batch))
         assert self._arrived is not None
         self._arrived.set()
@@ -413,13 +413,13 @@ class Feed:
             rows = max(0, min(amount - already, len(held)))
         elif kind == "bytes":
             max_bytes = min(max_bytes, amount)
-        taken_bytes = sum(len(m.raw.body) for m, _, _ in self.numbered) if already else 0
+        taken_bytes = sum(len(m.body) for m, _, _ in self.numbered) if already else 0
         if rows == len(held) and taken_bytes + self.held_bytes <= max_bytes:
             take, size = rows, self.held_bytes
         else:  # count the bodies up to the limits (the first message goes whatever its size)
             take = size = 0
             for message, _, _ in itertools.islice(held, rows):
-                body = len(message.raw.body)
+                body = len(message.body)
                 if already + take > 0 and taken_bytes + size + body > max_bytes:
                     break
                 take += 1
@@ -478,7 +478,7 @@ class Feed:
             else:
                 keep.append(held)
         self.held = keep
-        self.held_bytes = sum(len(m.raw.body) for m, _, _ in keep)
+        self.held_bytes = sum(len(m.body) for m, _, _ in keep)
 
     async def shutdown(self) -> None:
         """FIN what was committed, requeue every other message held and unanswered, then
