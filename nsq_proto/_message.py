@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Final, TypeVar, overload
 
 from ._errors import RemoteProtocolError
 
@@ -103,9 +103,21 @@ class Message:
 M = TypeVar("M", bound=Message)
 
 
+@overload
+def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Message: ...
+
+
+@overload
+def decode_message(data: bytes, layout: MessageLayout, cls: type[M]) -> M: ...
+
+
+@overload
+def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT, *, cls: type[M]) -> M: ...
+
+
 def decode_message(
-    data: bytes, layout: MessageLayout = STANDARD_LAYOUT, cls: type[M] = Message  # type: ignore[assignment]
-) -> M:
+    data: bytes, layout: MessageLayout = STANDARD_LAYOUT, cls: type[Message] = Message
+) -> Message:
     """Decode the data of a message frame into a ``cls`` (a :class:`Message` or a subclass
     of it); a truncated frame is a :class:`RemoteProtocolError`."""
     if len(data) < MESSAGE_HEADER_SIZE:

@@ -20,6 +20,7 @@ from nsq_proto import (
     HandshakeTimeout,
     HeartbeatReceived,
     LocalProtocolError,
+    Message,
     MessageReceived,
     MessagesReceived,
     PublishFailed,
@@ -792,3 +793,61 @@ def test_message_batches_hold_the_same_messages_as_one_event_each(
         told.append(got)
     assert told[0] == told[1]
     assert told[0] == ["heartbeat" if beat else mid(i) for i, beat in enumerate(heartbeats)]
+
+
+class _AppMessage(Message):
+    """A client's message class: the core's fields and one of its own."""
+
+    __slots__ = ("seen",)
+
+    seen: bool
+
+
+@pytest.mark.parametrize("batches", [False, True])
+def test_a_message_class_given_is_what_the_connection_builds(batches: bool) -> None:
+    conn = Connection(ConnectionConfig(), message_batches=batches, message_class=_AppMessage)
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(), 0.0)
+    conn.subscribe("t", "c")
+    conn.receive_data(response(b"OK") + message(mid(1), b"a", attempts=3, timestamp=9), 0.0)
+    got = [
+        m
+        for o in conn.outputs()
+        for m in (
+            o.messages
+            if isinstance(o, MessagesReceived)
+            else [o.message]
+            if isinstance(o, MessageReceived)
+            else []
+        )
+    ]
+    assert [type(m) for m in got] == [_AppMessage]
+    (m,) = got
+    assert isinstance(m, _AppMessage)
+    assert (m.id, m.body, m.attempts, m.timestamp, m.trace_id) == (mid(1), b"a", 3, 9, None)
+    m.seen = True  # the subclass's own slot
+    # without a class, the core's own
+    plain = subscribed_connection()
+    plain.receive_data(message(mid(2), b"b"), 0.0)
+    (event,) = of_type(plain.outputs(), MessageReceived)
+    assert type(event.message) is Message
+
+
+def test_a_message_class_given_is_built_for_the_partitioned_layout_too() -> None:
+    conn = Connection(message_class=_AppMessage)
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(version="0.3.7-HA.1.13.0"), 0.0)
+    conn.subscribe("orders", "c", 1, ordered=True)
+    msg_id = (7).to_bytes(8, "big") + (12345).to_bytes(8, "big")
+    data = encode_message_data(msg_id, 5, 1, b"hi", queue_position=(4096, 36))
+    conn.receive_data(response(b"OK") + encode_frame(2, data), 0.0)
+    (event,) = of_type(conn.outputs(), MessageReceived)
+    m = event.message
+    assert type(m) is _AppMessage
+    assert (m.internal_id, m.trace_id, m.queue_offset, m.raw_size, m.body) == (
+        7,
+        12345,
+        4096,
+        36,
+        b"hi",
+    )

@@ -13,6 +13,7 @@ from nsq_proto import (
     ConnectionClosed,
     LocalProtocolError,
     LookupdError,
+    Message,
     MessageReceived,
     MessagesReceived,
     Ready,
@@ -982,3 +983,29 @@ def test_finish_many_is_each_finish_in_turn_with_one_write_per_connection(
         wire = sends(core.outputs())
         runs.append((failed, wire, held, core.messages_finished, rdy_of(core)))
     assert runs[0] == runs[1]
+
+
+class _AppMessage(Message):
+    __slots__ = ()
+
+
+def test_the_consumers_connections_build_the_message_class_given() -> None:
+    core = Consumer(
+        "t",
+        "c",
+        nsqd_tcp_addresses=["10.0.0.1:4150"],
+        rng=random.Random(7),
+        message_batches=True,
+        message_class=_AppMessage,
+    )
+    core.start(0.0)
+    (conn,) = [o.conn_id for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_made(conn, 0.0)
+    core.receive_data(conn, identify_response(), 0.0)
+    core.receive_data(conn, response(b"OK"), 0.0)
+    core.outputs()
+    core.receive_data(conn, message(mid(1), b"a") + message(mid(2), b"b"), 0.0)
+    (event,) = of_type(core.outputs(), MessagesReceived)
+    assert [(type(m), m.body) for m in event.messages] == [(_AppMessage, b"a"), (_AppMessage, b"b")]
+    core.finish(conn, mid(1), 0.0)
+    assert core.in_flight_count(conn) == 1

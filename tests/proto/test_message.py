@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nsq_proto import RemoteProtocolError
+from nsq_proto import Message, RemoteProtocolError
 from nsq_proto.wire import MessageLayout, decode_message
 
 from .helpers import mid
@@ -27,3 +27,18 @@ def test_truncated_partitioned_message_frames_are_remote_errors(
         decode_message(header + tail, layout)
     full = decode_message(header + b"\x01\x00\x02{}" + b"body", MessageLayout(ext_header=True))
     assert (full.ext_version, full.ext_data, full.body) == (1, b"{}", b"body")
+
+
+class _AppMessage(Message):
+    __slots__ = ("note",)
+
+
+def test_decode_message_builds_the_class_given() -> None:
+    header = b"\x00" * 8 + b"\x00\x02" + mid(1)
+    standard = decode_message(header + b"body", cls=_AppMessage)
+    assert type(standard) is _AppMessage
+    assert (standard.id, standard.attempts, standard.body) == (mid(1), 2, b"body")
+    ext = decode_message(header + b"\x04\x00\x02{}x", MessageLayout(ext_header=True), _AppMessage)
+    assert type(ext) is _AppMessage
+    assert (ext.ext_version, ext.ext_data, ext.body) == (4, b"{}", b"x")
+    assert type(decode_message(header + b"body")) is Message
