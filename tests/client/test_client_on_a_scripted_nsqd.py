@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 import nsq_client
+import nsq_proto
 from nsq_proto import ConnectionClosedError, ServerError
 
 from .scripted import (
@@ -98,6 +99,32 @@ async def test_a_message_read_reaches_the_application_and_its_fin_is_written(
         assert b"FIN " + mid(1) in stream.lines()
         if kind == "push":
             assert isinstance(stream, PushScriptedStream) and stream.pushes_started == 1
+
+
+async def test_a_message_is_the_cores_message_and_equal_only_to_itself(kind: Kind) -> None:
+    backend = ScriptedBackend(kind)
+    given_up: list[nsq_client.Message] = []
+    async with scripted_network(backend), consumer(backend, on_give_up=given_up.append) as c:
+        stream = await subscribed(backend)
+        stream.feed(message(mid(1), b"hello", attempts=1, timestamp=7))
+        received = await next_message(c)
+        # the connection built the application's class: one object, the core's fields
+        assert type(received) is nsq_client.Message
+        assert isinstance(received, nsq_proto.Message)
+        assert received.raw is received
+        assert (received.timestamp, received.trace_id, received.queue_offset) == (7, None, None)
+        # equal only to itself: nsqd may deliver the same id and body again
+        same_fields = nsq_client.Message._of(received._origin, received)
+        assert same_fields != received and received == received
+        assert len({received, same_fields}) == 2
+        await received.finish()
+        assert received.has_responded and not same_fields.has_responded
+        # a message delivered too often: given up (FIN), and the hook sees where it came from
+        stream.feed(message(mid(2), b"again", attempts=6))
+        await wait_until(lambda: b"FIN " + mid(2) in stream.lines())
+        (dropped,) = given_up
+        assert (dropped.id, dropped.body, dropped.attempts) == (mid(2), b"again", 6)
+        assert dropped.nsqd_address == ADDRESS and dropped.has_responded
 
 
 def answers(stream: ScriptedStream) -> list[bytes]:
