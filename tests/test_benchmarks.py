@@ -57,6 +57,16 @@ def test_the_client_path_benchmark_runs(backend: str) -> None:
         figure(output, f"{name}_cpu_us_per_msg")
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio", "nsq_trio"])
+def test_the_publish_path_benchmark_runs(backend: str) -> None:
+    output = run(
+        str(BENCHMARKS / "publish_path.py"),
+        *("--backend", backend, "--publishers", "50", "--count", "5000", "--rounds", "1"),
+    )
+    figure(output, "client_cpu_us_per_publish")
+    figure(output, "wakeup_floor_cpu_us_per_publish")
+
+
 real = pytest.mark.real_nsqd
 
 
