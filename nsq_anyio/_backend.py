@@ -88,7 +88,8 @@ class AnyioBackend(BackendBase):
         """On asyncio, an event of the loop's own futures (anyio's wraps asyncio's, four times
         the cost of one, and asyncio's costs more than a future: one on every publish and
         every write); on trio, anyio's (trio's)."""
-        return anyio.Event() if _asyncio_loop() is None else LoopEvent()
+        loop = _asyncio_loop()
+        return anyio.Event() if loop is None else LoopEvent(loop)
 
     def cancel_scope(
         self, *, deadline: float = math.inf, shield: bool = False

@@ -278,7 +278,11 @@ async def test_a_reset_while_pushing_ends_with_the_error() -> None:
         await stream.aclose()
 
 
-@pytest.mark.parametrize("make", [asyncio.Event, LoopEvent], ids=["asyncio.Event", "LoopEvent"])
+def _loop_event() -> LoopEvent:
+    return LoopEvent(asyncio.get_running_loop())
+
+
+@pytest.mark.parametrize("make", [asyncio.Event, _loop_event], ids=["asyncio.Event", "LoopEvent"])
 def test_the_loop_event_behaves_as_asyncio_event(make: Callable[[], Any]) -> None:
     """Set before or after the waits, several waiters, one cancelled alone, set twice: the
     same outcome as asyncio.Event's (the test runs on both)."""
