@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import socket
 import struct
@@ -90,6 +91,15 @@ class AnyioBackend(BackendBase):
         every write); on trio, anyio's (trio's)."""
         loop = _asyncio_loop()
         return anyio.Event() if loop is None else LoopEvent(loop)
+
+    def event_factory(self) -> Callable[[], anyio.Event | LoopEvent]:
+        """What :meth:`event` makes, as a callable that looks the loop up once: asking for
+        the running loop is a system call on CPython 3.11 (``getpid``), and on trio a
+        ``RuntimeError`` raised and caught."""
+        loop = _asyncio_loop()
+        if loop is None:
+            return anyio.Event
+        return functools.partial(LoopEvent, loop)
 
     def cancel_scope(
         self, *, deadline: float = math.inf, shield: bool = False

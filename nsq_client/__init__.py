@@ -17,6 +17,7 @@ as ``backend=``:
 from ._backend import AbortStream as AbortStream
 from ._backend import Backend as Backend
 from ._backend import BackendBase as BackendBase
+from ._backend import EventFactory as EventFactory
 from ._backend import EventLike as EventLike
 from ._backend import NowaitStream as NowaitStream
 from ._backend import PushStream as PushStream
@@ -52,6 +53,7 @@ __all__ = [
     "ConsumerOptions",
     "ConsumerStats",
     "CoreRunner",
+    "EventFactory",
     "EventLike",
     "GiveUpHook",
     "Handler",

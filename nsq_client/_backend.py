@@ -14,11 +14,12 @@ import socket
 import ssl
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, runtime_checkable
 
 __all__ = [
     "Backend",
     "BackendBase",
+    "EventFactory",
     "EventLike",
     "ScopeLike",
     "Stream",
@@ -227,6 +228,25 @@ class Backend(Protocol):
     def hostname(self) -> str:
         """This machine's name (IDENTIFY's defaults ``client_id`` and ``hostname``)."""
         ...
+
+
+@runtime_checkable
+class EventFactory(Protocol):
+    """A backend that can say once, inside the running loop, how to make its events cheaply
+    (an optional part of :class:`Backend`, as :meth:`Backend.clock` is for the clock): the
+    client then makes one per publish and per wait without looking the loop up each time."""
+
+    def event_factory(self) -> Callable[[], EventLike]:
+        """A cheap callable making one-shot events of the running loop (called inside it)."""
+        ...
+
+
+def event_factory(backend: Backend) -> Callable[[], EventLike]:
+    """What makes the running loop's events: the backend's :meth:`EventFactory.event_factory`
+    where it has one, else its :meth:`Backend.event` (call it inside the loop)."""
+    if isinstance(backend, EventFactory):
+        return backend.event_factory()
+    return backend.event
 
 
 class BackendBase:

@@ -106,7 +106,7 @@ class Consumer(ClientBase):
             self._core, self._on_event, self.config.write_timeout, before_output=self._take_answers
         )
         self._on_give_up = on_give_up
-        self._inbox = _Inbox(backend)
+        self._inbox = _Inbox(backend, self._runner)
         self._closing = False
         self._stopped = backend.event()
         self._origins: dict[int, _Origin] = {}

@@ -199,8 +199,10 @@ class _Inbox:
     message and ``close`` wakes them all.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, runner: CoreRunner | None = None) -> None:
         self._backend = backend
+        #: whose ``new_event`` makes the waits' events (else the backend's ``event``)
+        self._runner = runner
         self.items: deque[Message] = deque()
         self.waiters: deque[EventLike] = deque()
         self.closed = False
@@ -247,7 +249,8 @@ class _Inbox:
         while not self.items:
             if self.closed:
                 return None
-            event = self._backend.event()
+            runner = self._runner
+            event = runner.new_event() if runner is not None else self._backend.event()
             self.waiters.append(event)
             try:
                 await event.wait()

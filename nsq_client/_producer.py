@@ -139,7 +139,7 @@ class Producer(ClientBase):
             self._idle.set()
 
     async def _wait(self, request_id: int) -> TraceReceipt | None:
-        waiter = _Waiter(self._backend.event())
+        waiter = _Waiter(self._runner.new_event())
         self._waiters[request_id] = waiter
         try:
             if not self._core.held_back:

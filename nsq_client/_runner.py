@@ -19,7 +19,16 @@ from typing import Any, cast
 
 from nsq_proto import ClientCore, Close, Connect, Event, HttpRequest, NSQError, Send, StartTLS
 
-from ._backend import AbortStream, Backend, EventLike, PushStream, ScopeLike, Stream, TaskGroupLike
+from ._backend import (
+    AbortStream,
+    Backend,
+    EventLike,
+    PushStream,
+    ScopeLike,
+    Stream,
+    TaskGroupLike,
+    event_factory,
+)
 
 __all__ = ["CoreRunner", "TransportError"]
 
@@ -118,7 +127,7 @@ class _Writer:
                 self.error = exc
                 return True
         self.pending.append(data)
-        self.busy = self._runner.backend.event()
+        self.busy = self._runner.new_event()
         return False
 
     async def write(self) -> None:
@@ -169,7 +178,7 @@ class _Writer:
         self.pending.extend(self.held_back)
         self.held_back.clear()
         if self.pending and self.busy is None:
-            self.busy = self._runner.backend.event()
+            self.busy = self._runner.new_event()
             await self.write()
 
 
@@ -414,6 +423,8 @@ class CoreRunner:
             *backend.io_errors,
         )
         self._wake: EventLike = backend.event()
+        #: makes the loop's events (a cheaper callable once the loop runs: see :meth:`start`)
+        self.new_event: Callable[[], EventLike] = backend.event
         self._woken = False
         #: the deadline the pump task sleeps until (-inf while it runs: it looks again)
         self._sleeping_until = -math.inf
@@ -445,6 +456,7 @@ class CoreRunner:
         any task: connections and lookups start in that group)."""
         self._tg = task_group
         self._clock = self.backend.clock()
+        self.new_event = event_factory(self.backend)
         task_group.start_soon(self.run, task_group)
 
     async def run(self, task_group: TaskGroupLike) -> None:
@@ -459,8 +471,9 @@ class CoreRunner:
     async def _pump(self, task_group: TaskGroupLike) -> None:
         backend = self.backend
         core = self.core
+        new_event = self.new_event
         while True:
-            self._wake = backend.event()
+            self._wake = new_event()
             self._woken = False
             if self._before_output is not None:
                 self._before_output()

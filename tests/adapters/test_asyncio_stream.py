@@ -11,9 +11,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 
+import nsq_client
+import nsq_client._backend
 from nsq_anyio._asyncio_stream import AsyncioStream, LoopEvent, connect
+from nsq_anyio._backend import AnyioBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -311,3 +315,37 @@ def test_the_loop_event_behaves_as_asyncio_event(make: Callable[[], Any]) -> Non
         return seen
 
     assert asyncio.run(main()) == ["a", "c"]
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_the_backends_event_factory_makes_events_of_the_running_loop(library: str) -> None:
+    """What the client makes its per-publish and per-wait events with, once the loop runs:
+    events of that loop, as ``event()`` makes them, in each of two runs in one thread."""
+    backend = AnyioBackend()
+    assert isinstance(backend, nsq_client.EventFactory)
+    loops: list[object] = []
+
+    async def main() -> None:
+        make = nsq_client._backend.event_factory(backend)
+        event = make()
+        assert type(event) is type(backend.event())
+        if isinstance(event, LoopEvent):
+            loops.append(asyncio.get_running_loop())
+            assert event._loop is loops[-1]
+        got: list[str] = []
+
+        async def wait() -> None:
+            await event.wait()
+            got.append("woken")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.01)
+            assert got == [] and not event.is_set()
+            event.set()
+        assert got == ["woken"]
+
+    anyio.run(main, backend=library)
+    anyio.run(main, backend=library)
+    assert len(loops) == (2 if library == "asyncio" else 0)
+    assert library == "trio" or loops[0] is not loops[1]
