@@ -12,6 +12,7 @@ from nsq_proto import (
     LocalProtocolError,
     NSQError,
     ProducerConfig,
+    PublishesSucceeded,
     PublishFailed,
     PublishSucceeded,
     TraceReceipt,
@@ -87,6 +88,7 @@ class Producer(ClientBase):
             nsqd_tcp_addresses=nsqd_tcp_addresses,
             lookupd_http_addresses=lookupd_http_addresses,
             rng=rng,
+            answer_batches=True,
         )
         # a write that waits on the peer holds up the publishes behind it: no longer than a
         # publish may wait
@@ -123,7 +125,13 @@ class Producer(ClientBase):
             await self._runner.aclose()
 
     def _on_event(self, event: Event) -> None:
-        if type(event) is PublishSucceeded:
+        if type(event) is PublishesSucceeded:  # a coalesced MPUB: each of its callers
+            waiters = self._waiters
+            for request_id in event.request_ids:
+                waiter = waiters.pop(request_id, None)
+                if waiter is not None:
+                    waiter.done.set()
+        elif type(event) is PublishSucceeded:
             waiter = self._waiters.pop(event.request_id, None)
             if waiter is not None:
                 waiter.receipt = event.receipt

@@ -42,6 +42,7 @@ from ._events import LookupSucceeded as LookupSucceeded
 from ._events import MessageGivenUp as MessageGivenUp
 from ._events import MessageReceived as MessageReceived
 from ._events import MessagesReceived as MessagesReceived
+from ._events import PublishesSucceeded as PublishesSucceeded
 from ._events import PublishFailed as PublishFailed
 from ._events import PublishSucceeded as PublishSucceeded
 from ._events import Ready as Ready
@@ -122,6 +123,7 @@ __all__ = [
     "ProtocolError",
     "PublishFailed",
     "PublishSucceeded",
+    "PublishesSucceeded",
     "PublishTimeout",
     "REQUEUE_GRACE",
     "ReadTimeout",

@@ -16,6 +16,7 @@ __all__ = [
     "MessageReceived",
     "HeartbeatReceived",
     "PublishSucceeded",
+    "PublishesSucceeded",
     "PublishFailed",
     "ErrorReceived",
     "CloseWaitReceived",
@@ -109,6 +110,22 @@ class PublishSucceeded(Event):
     #: the traced-publish receipt for PUB_TRACE/MPUB_TRACE (and PUB_EXT with a
     #: ``##trace_id``), else None
     receipt: TraceReceipt | None = None
+
+
+# hot path (one per coalesced MPUB answered): not frozen, treat as read-only
+@dataclass(slots=True, init=False)
+class PublishesSucceeded(Event):
+    """nsqd acknowledged one command that carried the publishes ``request_ids`` (the producer
+    core's coalesced MPUB, with ``answer_batches``), in the order they were made: each
+    succeeded, as a :class:`PublishSucceeded` of each would say (no receipt: a coalesced
+    MPUB is never traced).  ``conn_id`` is the connection that carried it."""
+
+    conn_id: ConnId
+    request_ids: list[int]
+
+    def __init__(self, conn_id: ConnId, request_ids: list[int]) -> None:
+        self.conn_id = conn_id
+        self.request_ids = request_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from ._errors import (
 from ._events import (
     ConnectionClosed,
     ConnId,
+    PublishesSucceeded,
     PublishFailed,
     PublishSucceeded,
     Ready,
@@ -133,13 +134,38 @@ class _ConnectionPool:
         return features is not None and features.partitioned
 
 
+def encode_request(req: Request, partition: int | None) -> tuple[bytes, bool]:
+    """The command of ``req`` (not coalesced) to ``partition``, and whether it is traced."""
+    traced = req.trace_ids is not None
+    kind = req.kind
+    if kind is Kind.DPUB:
+        return cmd.dpub(req.topic, round(req.delay * 1000), req.bodies[0]), False
+    if req.ext is not None:
+        if kind is Kind.PUB:
+            return cmd.pub_ext(req.topic, req.bodies[0], req.ext, partition), req.ext_traced
+        return cmd.mpub_ext(req.topic, [(req.ext, b) for b in req.bodies], partition), False
+    if kind is Kind.PUB:
+        if req.trace_ids is not None:
+            return cmd.pub_trace(req.topic, req.trace_ids[0], req.bodies[0], partition), True
+        return cmd.pub_unchecked(req.topic, req.bodies[0], partition), False
+    if req.trace_ids is not None:
+        return cmd.mpub_trace(
+            req.topic, list(zip(req.trace_ids, req.bodies, strict=True)), partition
+        ), True
+    return cmd.mpub_unchecked(req.topic, req.bodies, partition), traced
+
+
 class Producer:
     """Producer core (a :class:`ClientCore`).  ``publish*`` return a request id; the answer
     comes as a :class:`PublishSucceeded` or :class:`PublishFailed` event carrying it.
 
     Composed of its connection table (ids, routing, the connections' deadlines), its lookupd
     client (the HTTP calls), its topic lookups, its reconnect scheduler, its publish queue,
-    routes and failure diagnosis; it owns the pool and carries out their decisions."""
+    routes and failure diagnosis; it owns the pool and carries out their decisions.
+
+    With ``answer_batches``, the answer to a coalesced MPUB (single publishes sent as one
+    command) is one :class:`PublishesSucceeded` instead of a :class:`PublishSucceeded` each:
+    one event per command, for a client that wakes each caller itself."""
 
     def __init__(
         self,
@@ -148,8 +174,10 @@ class Producer:
         nsqd_tcp_addresses: Iterable[str | tuple[str, int]] = (),
         lookupd_http_addresses: Iterable[str | tuple[str, int]] = (),
         rng: random.Random | None = None,
+        answer_batches: bool = False,
     ) -> None:
         self.config = cfg = config if config is not None else ProducerConfig()
+        self._answer_batches = answer_batches
         #: the fixed nsqd list, and the nsqd lookupd names for a standard server's topic
         self._nsqd, lookupd = parse_client_addresses(nsqd_tcp_addresses, lookupd_http_addresses)
         self._rng = rng if rng is not None else random.Random()
@@ -336,7 +364,11 @@ class Producer:
                     answered = self._queue.answered
                     for req in sent:
                         answered(req)
-                        out.append(PublishSucceeded(rec.conn_id, req.request_id))
+                    if self._answer_batches:
+                        ids = [req.request_id for req in sent]
+                        out.append(PublishesSucceeded(rec.conn_id, ids))
+                    else:
+                        out.extend([PublishSucceeded(rec.conn_id, r.request_id) for r in sent])
             elif type(item) is PublishFailed:
                 sent = rec.outstanding.pop(item.request_id, None)
                 if type(sent) is Request:
@@ -630,25 +662,6 @@ class Producer:
             ext=None if ext is None else cmd.encode_ext_header(ext),
         )
 
-    def _encode(self, req: Request, partition: int | None) -> tuple[bytes, bool]:
-        traced = req.trace_ids is not None
-        kind = req.kind
-        if kind is Kind.DPUB:
-            return cmd.dpub(req.topic, round(req.delay * 1000), req.bodies[0]), False
-        if req.ext is not None:
-            if kind is Kind.PUB:
-                return cmd.pub_ext(req.topic, req.bodies[0], req.ext, partition), req.ext_traced
-            return cmd.mpub_ext(req.topic, [(req.ext, b) for b in req.bodies], partition), False
-        if kind is Kind.PUB:
-            if req.trace_ids is not None:
-                return cmd.pub_trace(req.topic, req.trace_ids[0], req.bodies[0], partition), True
-            return cmd.pub_unchecked(req.topic, req.bodies[0], partition), False
-        if req.trace_ids is not None:
-            return cmd.mpub_trace(
-                req.topic, list(zip(req.trace_ids, req.bodies, strict=True)), partition
-            ), True
-        return cmd.mpub_unchecked(req.topic, req.bodies, partition), traced
-
     def _dispatch(self, *, flush: bool = True) -> None:
         """Send what can go now: the queue decides, then every decision is carried out here,
         in order (the only place a publish is written).  ``flush``: up to ``max_outstanding``
@@ -670,7 +683,7 @@ class Producer:
             if type(step) is Request:
                 rec = conns[step.conn_id]
                 rec.assigned -= 1
-                data, traced = self._encode(step, step.sent_partition)
+                data, traced = encode_request(step, step.sent_partition)
                 rec.outstanding[rec.conn.publish_encoded(data, traced=traced)] = step
             elif type(step) is Coalesced:
                 reqs = step.requests

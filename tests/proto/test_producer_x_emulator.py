@@ -21,6 +21,7 @@ from nsq_proto import (
     NSQError,
     Producer,
     ProducerConfig,
+    PublishesSucceeded,
     PublishFailed,
     PublishSucceeded,
     ServerError,
@@ -29,8 +30,20 @@ from nsq_proto import (
 LOOKUPD = ["127.0.0.1:4161"]
 
 
+def succeeded(events: list[Event]) -> list[int]:
+    """The request ids acknowledged, in the order told (a :class:`PublishesSucceeded` tells
+    those of its coalesced MPUB)."""
+    ok: list[int] = []
+    for e in events:
+        if isinstance(e, PublishSucceeded):
+            ok.append(e.request_id)
+        elif isinstance(e, PublishesSucceeded):
+            ok += e.request_ids
+    return ok
+
+
 def outcome(events: list[Event]) -> tuple[list[int], dict[int, NSQError]]:
-    ok = [e.request_id for e in events if isinstance(e, PublishSucceeded)]
+    ok = succeeded(events)
     failed = {e.request_id: e.error for e in events if isinstance(e, PublishFailed)}
     return ok, failed
 
@@ -183,13 +196,17 @@ def test_a_topic_that_stays_unwritable_fails_its_publish_with_the_cause_in_momen
 # ------------------------------------------------------------------------------ coalescing
 
 
-def standard(max_msg_size: int = 10, **config: Any) -> tuple[MemoryNetwork, Nsqd, Producer]:
+def standard(
+    max_msg_size: int = 10, answer_batches: bool = False, **config: Any
+) -> tuple[MemoryNetwork, Nsqd, Producer]:
     """A standard nsqd refusing bodies over ``max_msg_size`` bytes, and a started producer."""
     net = MemoryNetwork()
     nsqd = net.add_nsqd(Nsqd(NsqdOptions(broadcast_address="nsqd1", max_msg_size=max_msg_size)))
     config.setdefault("reconnect_delay", 0.1)
     config.setdefault("reconnect_jitter", 0.0)
-    producer = Producer(ProducerConfig(**config), nsqd_tcp_addresses=["nsqd1:4150"])
+    producer = Producer(
+        ProducerConfig(**config), nsqd_tcp_addresses=["nsqd1:4150"], answer_batches=answer_batches
+    )
     net.attach(producer)
     net.start()
     net.run_until_idle()
@@ -216,6 +233,22 @@ def test_one_bad_body_never_fails_the_publishes_coalesced_with_it() -> None:
     assert isinstance(error, ServerError) and error.code == "E_BAD_MESSAGE"
     assert sorted(queued(nsqd)) == sorted(b for b in bodies if len(b) <= 10)
     assert producer.pending == 0
+
+
+def test_with_answer_batches_a_coalesced_mpub_is_answered_by_one_event() -> None:
+    net, nsqd, producer = standard(max_outstanding=1, answer_batches=True)
+    rids = [producer.publish("t", b"m%d" % i, net.now) for i in range(5)]
+    net.advance(1.0)
+    events = [e for e in net.take_events(producer) if type(e).__name__.startswith("Publish")]
+    # the first went alone at once (an idle connection); the rest waited for it, as one MPUB
+    assert events == [PublishSucceeded(1, rids[0]), PublishesSucceeded(1, rids[1:])]
+    assert queued(nsqd) == [b"m%d" % i for i in range(5)]
+    # a bad body among them: the split MPUB's publishes are answered one by one, as sent
+    bodies = [b"a", b"x" * 11, b"c"]
+    more = [producer.publish("t", body, net.now) for body in bodies]
+    net.advance(5.0)
+    ok, failed = outcome(net.take_events(producer))
+    assert sorted(ok) == [more[0], more[2]] and list(failed) == [more[1]]
 
 
 def test_an_error_of_the_whole_mpub_is_each_callers() -> None:
@@ -250,17 +283,23 @@ def test_an_error_of_the_whole_mpub_is_each_callers() -> None:
     ),
     max_outstanding=st.integers(1, 3),
     max_messages=st.integers(1, 6),
+    answer_batches=st.booleans(),
 )
 def test_every_publish_gets_one_answer_and_the_stored_messages_are_the_acknowledged_ones(
-    script: list[tuple[str, str, int]], max_outstanding: int, max_messages: int
+    script: list[tuple[str, str, int]],
+    max_outstanding: int,
+    max_messages: int,
+    answer_batches: bool,
 ) -> None:
     """Publishes of good and bad bodies (over nsqd's 10 bytes) coalesced under connection
-    losses: each gets exactly one answer; a bad body fails alone with nsqd's refusal; an
-    acknowledged one is stored; nothing is stored that was not published good."""
+    losses: each gets exactly one answer (with ``answer_batches``, those of a coalesced MPUB
+    in one event, in call order); a bad body fails alone with nsqd's refusal; an acknowledged
+    one is stored; nothing is stored that was not published good."""
     net, nsqd, producer = standard(
         max_outstanding=max_outstanding,
         max_coalesced_messages=max_messages,
         max_publish_attempts=10,
+        answer_batches=answer_batches,
     )
     published: dict[int, tuple[str, list[bytes]]] = {}
     dropped = False
@@ -281,8 +320,12 @@ def test_every_publish_gets_one_answer_and_the_stored_messages_are_the_acknowled
             dropped = True
     net.advance(30.0)
     events = net.take_events(producer)
-    answers = [e.request_id for e in events if isinstance(e, PublishSucceeded | PublishFailed)]
+    answers = succeeded(events) + [e.request_id for e in events if isinstance(e, PublishFailed)]
     assert sorted(answers) == sorted(published)  # one answer each
+    for batch in (e for e in events if isinstance(e, PublishesSucceeded)):
+        assert answer_batches and len(batch.request_ids) > 1
+        assert batch.request_ids == sorted(batch.request_ids)  # call order
+        assert all(len(published[r][1]) == 1 for r in batch.request_ids)  # single publishes
     ok, failed = outcome(events)
     for rid, (_, bodies) in published.items():
         bad = any(len(b) > 10 for b in bodies)
