@@ -30,7 +30,7 @@ import statistics
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -130,10 +130,25 @@ class FakeNsqd:
         return self.frames[start : start + n * self.frame_size]
 
 
+class NsqdSide(Protocol):
+    """What the streams below need of a faked nsqd (:class:`FakeNsqd`, and the publishing
+    one of ``publish_path.py``)."""
+
+    replies: list[bytes]
+
+    def handle(self, data: bytes) -> None: ...
+
+    def take(self) -> bytes: ...
+
+    def credit(self) -> int: ...
+
+    def worth_sending(self) -> bool: ...
+
+
 class PushedStream:
     """On asyncio: hands data over from loop callbacks, as the adapter's own stream does."""
 
-    def __init__(self, nsqd: FakeNsqd) -> None:
+    def __init__(self, nsqd: NsqdSide) -> None:
         self.nsqd = nsqd
         self.loop = asyncio.get_running_loop()
         self.on_data: Callable[[bytes], None] | None = None
@@ -194,7 +209,7 @@ class PushedStream:
 class ReadStream:
     """On trio: read by a task, as trio's streams are."""
 
-    def __init__(self, nsqd: FakeNsqd) -> None:
+    def __init__(self, nsqd: NsqdSide) -> None:
         self.nsqd = nsqd
         self.changed = anyio.Event()
 

@@ -27,11 +27,10 @@ import json
 import statistics
 import struct
 import time
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import anyio
-import anyio.lowlevel
+from client_path import PushedStream, ReadStream
 
 from nsq_anyio import _backend as anyio_backend
 
@@ -92,80 +91,11 @@ class FakeNsqd:
         self.replies.clear()
         return data
 
+    def credit(self) -> int:
+        return 0  # it sends nothing unasked
 
-class PushedStream:
-    """On asyncio: hands the answers over from a loop callback, as the adapter's stream does."""
-
-    def __init__(self, nsqd: FakeNsqd) -> None:
-        self.nsqd = nsqd
-        self.loop = asyncio.get_running_loop()
-        self.on_data: Callable[[bytes], None] | None = None
-        self.scheduled = False
-        self.readable = asyncio.Event()
-
-    def send_nowait(self, data: bytes) -> bool:
-        self.nsqd.handle(data)
-        self.readable.set()
-        if self.on_data is not None and not self.scheduled and self.nsqd.replies:
-            self.scheduled = True
-            self.loop.call_soon(self._push)
-        return True
-
-    async def send(self, data: bytes) -> None:
-        self.send_nowait(data)
-
-    def _push(self) -> None:
-        self.scheduled = False
-        if self.on_data is not None and self.nsqd.replies:
-            self.on_data(self.nsqd.take())
-
-    async def receive(self) -> bytes:
-        while not self.nsqd.replies:
-            self.readable.clear()
-            await self.readable.wait()
-        return self.nsqd.take()
-
-    def start_pushing(
-        self, on_data: Callable[[bytes], None], on_end: Callable[[BaseException | None], None]
-    ) -> None:
-        self.on_data = on_data
-        if self.nsqd.replies:
-            on_data(self.nsqd.take())
-
-    def stop_pushing(self) -> None:
-        self.on_data = None
-
-    async def aclose(self) -> None:
-        self.on_data = None
-
-    async def abort(self) -> None:
-        self.on_data = None
-
-
-class ReadStream:
-    """On trio: read by a task, as trio's streams are."""
-
-    def __init__(self, nsqd: FakeNsqd) -> None:
-        self.nsqd = nsqd
-        self.changed = anyio.Event()
-
-    async def send(self, data: bytes) -> None:
-        self.nsqd.handle(data)
-        self.changed.set()
-
-    async def receive(self) -> bytes:
-        nsqd = self.nsqd
-        await anyio.lowlevel.checkpoint()
-        while not nsqd.replies:
-            self.changed = anyio.Event()
-            await self.changed.wait()
-        return nsqd.take()
-
-    async def aclose(self) -> None:
-        pass
-
-    async def abort(self) -> None:
-        pass
+    def worth_sending(self) -> bool:
+        return False
 
 
 def fake_backend(base: Any) -> Any:
