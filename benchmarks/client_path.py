@@ -30,7 +30,7 @@ import statistics
 import struct
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -232,12 +232,24 @@ class ReadStream:
         pass
 
 
-def fake_backend(base: Any, frames: bytes, frame_size: int) -> Any:
-    """``base`` (a backend object) with its ``connect_tcp`` reaching a :class:`FakeNsqd`."""
+def library(backend: str) -> tuple[Any, Any, str]:
+    """The client module, its backend object and the loop to run for ``--backend``."""
+    if backend == "nsq_trio":
+        lib = importlib.import_module("nsq_trio")
+        return lib, importlib.import_module("nsq_trio._backend").BACKEND, "trio"
+    return importlib.import_module("nsq_anyio"), anyio_backend.BACKEND, backend
+
+
+def fake_backend(base: Any, make_nsqd: Callable[[], NsqdSide]) -> Any:
+    """``base`` (a backend object) with its ``connect_tcp`` reaching a new nsqd of
+    ``make_nsqd`` (kept in its ``nsqds``, in the order connected)."""
 
     class Fake(type(base)):  # type: ignore[misc]
+        nsqds: ClassVar[list[NsqdSide]] = []
+
         async def connect_tcp(self, host: str, port: int) -> Any:
-            nsqd = FakeNsqd(frames, frame_size)
+            nsqd = make_nsqd()
+            self.nsqds.append(nsqd)
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
@@ -355,15 +367,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     frames, frame_size = message_frames(args.size)
-    if args.backend == "nsq_trio":
-        lib = importlib.import_module("nsq_trio")
-        base = importlib.import_module("nsq_trio._backend").BACKEND
-        loop = "trio"
-    else:
-        lib = importlib.import_module("nsq_anyio")
-        base = anyio_backend.BACKEND
-        loop = args.backend
-    backend = fake_backend(base, frames, frame_size)
+    lib, base, loop = library(args.backend)
+    backend = fake_backend(base, lambda: FakeNsqd(frames, frame_size))
     piece = frames[: CHUNK * frame_size]
     client, parsing, floor = [], [], []
     for _ in range(args.rounds):

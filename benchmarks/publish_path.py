@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import statistics
 import struct
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
-from client_path import PushedStream, ReadStream
-
-from nsq_anyio import _backend as anyio_backend
+from client_path import fake_backend, library
 
 FEATURES = json.dumps({"max_rdy_count": 2500, "version": "1.3.0"}).encode()
 _FRAME_HEADER = struct.Struct(">ii")
@@ -98,25 +95,6 @@ class FakeNsqd:
         return False
 
 
-def fake_backend(base: Any) -> Any:
-    """``base`` (a backend object) with its ``connect_tcp`` reaching a :class:`FakeNsqd`."""
-
-    class Fake(type(base)):  # type: ignore[misc]
-        #: every connection's nsqd, in the order connected
-        nsqds: ClassVar[list[FakeNsqd]] = []
-
-        async def connect_tcp(self, host: str, port: int) -> Any:
-            nsqd = FakeNsqd()
-            self.nsqds.append(nsqd)
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                return ReadStream(nsqd)
-            return PushedStream(nsqd)
-
-    return Fake()
-
-
 async def publish(lib: Any, backend: Any, publishers: int, count: int) -> float:
     """CPU microseconds per publish, ``count`` publishes by ``publishers`` tasks (each
     publish checked to have reached the fake nsqd)."""
@@ -135,7 +113,7 @@ async def publish(lib: Any, backend: Any, publishers: int, count: int) -> float:
             for _ in range(publishers):
                 tg.start_soon(publisher)
         used = time.process_time() - started
-    published = sum(nsqd.published for nsqd in backend.nsqds)
+    published = sum(nsqd.published for nsqd in backend.nsqds)  # (FakeNsqd)
     if published != each * publishers + 1:
         raise AssertionError(f"{published} messages reached nsqd, not {each * publishers + 1}")
     return used / (each * publishers) * 1e6
@@ -180,15 +158,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if args.backend == "nsq_trio":
-        lib = importlib.import_module("nsq_trio")
-        base = importlib.import_module("nsq_trio._backend").BACKEND
-        loop = "trio"
-    else:
-        lib = importlib.import_module("nsq_anyio")
-        base = anyio_backend.BACKEND
-        loop = args.backend
-    backend = fake_backend(base)
+    lib, base, loop = library(args.backend)
+    backend = fake_backend(base, FakeNsqd)
     client, floor = [], []
     for _ in range(args.rounds):
         client.append(anyio.run(publish, lib, backend, args.publishers, args.count, backend=loop))
