@@ -13,7 +13,6 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 if TYPE_CHECKING:
     import nsq_anyio
-    import nsq_proto
 
 __all__ = ["message_id", "message_ids", "record_batch"]
 
@@ -90,25 +89,21 @@ def _id_strings(ids: pa.Array) -> pa.Array:
     return _strings([message_id(raw) for raw in ids.to_pylist()], pa.string())
 
 
-_CORE_FIELDS = frozenset({"body", "id", "attempts", "timestamp", "trace_id"})
-
-
 def _column(
     field: pa.Field,
     messages: Sequence[nsq_anyio.Message],
-    raw: Sequence[nsq_proto.Message],
     topic: str,
     ids: pa.Array | None,
 ) -> pa.Array:
     name, kind = field.name, field.type
     if name == "body":
-        return _binary([m.body for m in raw], kind)
+        return _binary([m.body for m in messages], kind)
     if name == "id":
-        return _id_strings(_binary([m.id for m in raw], pa.binary()) if ids is None else ids)
+        return _id_strings(_binary([m.id for m in messages], pa.binary()) if ids is None else ids)
     if name == "attempts":
-        return _numbers([m.attempts for m in raw], kind)
+        return _numbers([m.attempts for m in messages], kind)
     if name == "timestamp":  # nanoseconds to Spark's microseconds
-        return _numbers([m.timestamp // 1000 for m in raw], kind)
+        return _numbers([m.timestamp // 1000 for m in messages], kind)
     if name == "topic":
         return _strings([topic] * len(messages), kind)
     if name == "nsqd":
@@ -116,7 +111,7 @@ def _column(
     if name == "partition":
         return _numbers([m.partition for m in messages], kind)
     if name == "trace_id":
-        return _numbers([m.trace_id for m in raw], kind)
+        return _numbers([m.trace_id for m in messages], kind)
     raise ValueError(f"the nsq source has no column {name!r}")
 
 
@@ -129,7 +124,6 @@ def record_batch(
 ) -> pa.RecordBatch:
     """The rows of ``messages`` as one Arrow record batch of ``arrow_schema``'s columns
     (``ids``: their :func:`message_ids`, if made already)."""
-    # the core's messages: their fields are plain attributes
-    raw = [m.raw for m in messages] if _CORE_FIELDS.intersection(arrow_schema.names) else []
-    arrays = [_column(f, messages, raw, topic, ids) for f in arrow_schema]
+    # a message's core fields are plain attributes (it is the core's nsq_proto.Message)
+    arrays = [_column(f, messages, topic, ids) for f in arrow_schema]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)

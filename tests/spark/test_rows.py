@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql.pandas.types import to_arrow_schema
 
 import nsq_proto
+from nsq_client._message import Message, _Origin
 from nsq_spark import SCHEMA
 from nsq_spark._rows import message_id, record_batch
 
@@ -22,7 +22,8 @@ def test_message_ids() -> None:
 
 def test_record_batch_columns() -> None:
     def stand_in(core: nsq_proto.Message, nsqd: str, partition: int | None) -> Any:
-        return SimpleNamespace(raw=core, id=core.id, nsqd_address=nsqd, partition=partition)
+        # the client's message, as a consumer of nsqd at ``nsqd`` delivers it
+        return Message._of(_Origin(cast(Any, None), 1, nsqd, partition), core)
 
     nsqd_ids = [b"0a1b2c3d4e5f6071", b"0a1b2c3d4e5f6072"]
     binary = b"\x00\x01" + b"\xff" * 14
@@ -63,12 +64,12 @@ def test_a_tasks_rows_are_built_without_importing_pandas() -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
         import nsq_proto
-        from types import SimpleNamespace
+        from nsq_client._message import Message, _Origin
         from nsq_spark import SCHEMA
         from nsq_spark._rows import message_ids, record_batch
 
         def stand_in(core, nsqd, partition):
-            return SimpleNamespace(raw=core, id=core.id, nsqd_address=nsqd, partition=partition)
+            return Message._of(_Origin(None, 1, nsqd, partition), core)
 
         schema = to_arrow_schema(SCHEMA, timezone="UTC")
         for partition, trace_id, ident in ((None, None, b"0a1b2c3d4e5f6071"), (3, 9, b"\\x00")):
