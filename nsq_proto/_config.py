@@ -358,7 +358,7 @@ class ProducerConfig(ConnectionConfig):
     #: connections per nsqd
     pool_size: int = 1
     #: unanswered requests per connection (pipelining); 1 = one at a time like go-nsq
-    max_outstanding: int = 8
+    max_outstanding: int = 64
     #: single publishes waiting for the same topic and route go out as one MPUB of at most
     #: this many messages (1: each publish is its own command)
     max_coalesced_messages: int = 1000

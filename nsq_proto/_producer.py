@@ -62,6 +62,9 @@ _SPLIT_ON: Final = frozenset({"E_BAD_MESSAGE", "E_BAD_BODY", "E_INVALID_JSON_HEA
 _EARLY_MIN: Final = 16
 #: ...and the producer's latest wait for nsqd was this many times as long as they gathered
 _EARLY_QUIET: Final = 4.0
+#: ...and they are at least 1 / this of the publishes in flight, and a connection has room for
+#: this many more commands after them (at most half its ``max_outstanding``)
+_EARLY_SHARE: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,22 @@ class _PConn:
     assigned: int = 0
     #: the TCP connection came up (a loss before it is a failed connection attempt)
     connected: bool = False
+    #: a command was charged with the connection's end (see behind_the_cause)
+    blamed: bool = False
+
+    def behind_the_cause(self, error: NSQError) -> bool:
+        """A command on this connection failed with ``error``: True when another is to blame
+        for it.  nsqd reads a connection's commands in order, so when it ends without a word,
+        the first unanswered command is the one it ended on; those behind it were perhaps
+        never read, and their attempt is not counted (a body that makes nsqd close the
+        connection may lose its error frame to the reset, and would otherwise use up its
+        neighbours' attempts)."""
+        if isinstance(error, ServerError):
+            self.blamed = self.blamed or error.fatal  # nsqd named the one it ended on
+            return False
+        blamed = self.blamed
+        self.blamed = True
+        return blamed
 
 
 class _ConnectionPool:
@@ -371,6 +390,9 @@ class Producer:
                         out.extend([PublishSucceeded(rec.conn_id, r.request_id) for r in sent])
             elif type(item) is PublishFailed:
                 sent = rec.outstanding.pop(item.request_id, None)
+                if sent is not None and rec.behind_the_cause(item.error):
+                    for req in sent if isinstance(sent, list) else [sent]:
+                        req.attempts -= 1  # behind the command the connection ended on
                 if type(sent) is Request:
                     self._failed_on_connection(sent, item.error)
                 elif isinstance(sent, list):
@@ -441,7 +463,8 @@ class Producer:
         """A coalesced MPUB failed: refused for a body, each of its publishes goes again
         alone; otherwise the failure is each one's (retried or failed as its own)."""
         if isinstance(error, ServerError) and error.code in _SPLIT_ON:
-            self._queue.split(reqs)
+            for req in self._queue.split(reqs, error):
+                self._fail_request(req, fresh_copy(error))
             return
         for req in reqs:
             self._failed_on_connection(req, fresh_copy(error))
@@ -561,14 +584,17 @@ class Producer:
         a delay added to every round trip.  So they go early when the producer's latest wait
         for nsqd, with nothing else to do, was more than 4 times as long as they have been
         gathering (its time goes to waiting, not to work: on loopback it does not), they are
-        a command's share of the publishes in flight (a quarter with ``max_outstanding`` 8,
-        and at least 16), and a connection has half its room left (for the next share)."""
+        a command's share of the publishes in flight (a quarter, and at least 16), and a
+        connection keeps room for 4 more commands after them (for the next shares; half of
+        ``max_outstanding`` when it is under 8)."""
         waiting = queue.waiting
         gathered = self._now - (waiting[0].deadline - self.config.publish_timeout)
         if gathered * _EARLY_QUIET >= self._quiet:
             return False
-        half = self.config.max_outstanding // 2 or 1
-        return len(waiting) * half >= len(queue) and self._pool.room(half)
+        cap = self.config.max_outstanding
+        share = min(_EARLY_SHARE, cap // 2) or 1
+        # a connection keeps room for the next share
+        return len(waiting) * share >= len(queue) and self._pool.room(max(1, cap - share))
 
     def publish(
         self,

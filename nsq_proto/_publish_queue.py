@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 NO_DPUB: Final = "the partitioned server has no DPUB (deferred publish): publish without a delay"
+#: nsqd's refusal of a message over its ``--max-msg-size`` names the limit
+_TOO_BIG: Final = re.compile(r"message too big \d+ > (\d+)$")
 #: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
 _RETRY_BASE: Final = 0.008
 _RETRY_STEP: Final = 0.010
@@ -268,15 +271,26 @@ class PublishQueue:
         self._requeue(req)
         return req.not_before
 
-    def split(self, reqs: list[Request]) -> None:
-        """A coalesced MPUB carrying ``reqs`` was refused for one of its bodies: each goes
-        again alone and at once, the attempt not counted (a neighbour's body failed it)."""
+    def split(self, reqs: list[Request], error: ServerError) -> list[Request]:
+        """A coalesced MPUB carrying ``reqs`` was refused for one of its bodies (``error``):
+        returns those that fail with it, and queues the others again at once, the attempt not
+        counted (a neighbour's body failed it).  When nsqd named its message size limit
+        (``MPUB message too big 1048577 > 1048576``), the bodies over it fail and the others
+        go again coalesced; otherwise each goes again alone, so that only the bad one fails."""
+        match = _TOO_BIG.search(error.text) if error.code == "E_BAD_MESSAGE" else None
+        failed: list[Request] = []
+        if match is not None and all(req.ext is None for req in reqs):
+            limit = int(match.group(1))
+            failed = [req for req in reqs if len(req.bodies[0]) > limit]
         for req in reqs:
+            if any(req is bad for bad in failed):
+                continue
             self._release(req)
             req.attempts -= 1
-            req.alone = True
+            req.alone = not failed
             req.not_before = 0.0
             self._requeue(req)
+        return failed
 
     def _requeue(self, req: Request) -> None:
         """``req`` waits again, in its place in call order."""

@@ -188,6 +188,45 @@ def test_on_loopback_waiting_publishes_go_together_at_the_flush() -> None:
     assert rest == cmd.mpub("t", [b"%03d" % i for i in range(1, 200)])
 
 
+def test_publishes_trickling_in_across_a_round_trip_all_go_before_the_first_answer() -> None:
+    # the blocking API's threads wake one after another once their answers are in: the loop
+    # runs a few of their publishes per pass, and each pass ends at the flush.  With the
+    # default options, across a 50 ms round trip, every one of 200 such publishes is on the
+    # wire before the first answer comes back (not only a full pipe's worth: the rest would
+    # wait a second round trip)
+    core, ids = started(["n1:4150"])
+    (c,) = ids.values()
+    core.publish("t", b"first", 0.0)
+    core.outputs()
+    core.receive_data(c, response(b"OK"), 0.050)  # the producer waited 50 ms for nsqd
+    core.outputs()
+    now = 0.050
+    written: list[bytes] = []
+    bodies = [b"%03d" % i for i in range(200)]
+    for first in range(0, 200, 5):  # 40 passes of the loop, 5 threads' publishes each
+        for body in bodies[first : first + 5]:
+            now += 30e-6
+            core.publish("t", body, now)
+            written += [o.data for o in core.outputs() if isinstance(o, Send)]
+        deadline = core.next_deadline()
+        if deadline is not None and deadline <= now:
+            core.handle_timer(now)  # the end of the pass
+            written += [o.data for o in core.outputs() if isinstance(o, Send)]
+    assert now < 0.050 + 0.050  # all within the round trip
+    counts = [1 if d.startswith(b"PUB ") else mpub_count(d) for d in written]
+    assert sum(counts) == 200 and len(written) > 8
+    # call order on the wire
+    expected, n = [], 0
+    for d, count in zip(written, counts, strict=True):
+        part = bodies[n : n + count]
+        expected.append(cmd.pub("t", part[0]) if d.startswith(b"PUB ") else cmd.mpub("t", part))
+        n += count
+    assert written == expected
+    core.receive_data(c, response(b"OK") * len(written), now + 0.050)
+    ok = [o for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert len(ok) == 200 and core.pending == 0
+
+
 def test_a_long_wait_long_ago_sends_nothing_early() -> None:
     # the wait that counts is the latest: it halves at each read after it
     core, ids = started(["n1:4150"], max_outstanding=8)
@@ -277,10 +316,12 @@ def test_fatal_error_fails_the_request_and_fails_over_the_rest() -> None:
     failed = [o for o in out if isinstance(o, PublishFailed)]
     assert [f.request_id for f in failed] == [rids[0]]
     assert isinstance(failed[0].error, ServerError) and failed[0].error.code == "E_BAD_MESSAGE"
-    # requests 2 and 3 go over to n2 once the retry backoff (28 ms) is over
+    # requests 2 and 3 go over to n2 once the retry backoff (18 ms: they were behind the
+    # refused one, their attempt not counted) is over
     assert c2 not in sends(out)
-    assert core.next_deadline() == pytest.approx(0.128)
-    core.handle_timer(0.128)
+    retry_at = core.next_deadline()
+    assert retry_at is not None and retry_at == pytest.approx(0.118)
+    core.handle_timer(retry_at)
     assert sends(core.outputs())[c2] == cmd.mpub("t", [b"2", b"3"])
     core.receive_data(c2, response(b"OK") * 2, 0.2)
     ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
@@ -307,6 +348,63 @@ def test_connection_loss_retries_and_gives_up_after_max_publish_attempts() -> No
     failed = [o for o in core.outputs() if isinstance(o, PublishFailed)]
     assert [f.request_id for f in failed] == [rid]
     assert isinstance(failed[0].error, ConnectionClosedError)
+
+
+def test_a_loss_without_a_word_counts_an_attempt_of_the_first_unanswered_command_only() -> None:
+    # nsqd reads a connection's commands in order: a body that makes it close (its error
+    # frame lost to the reset) is the first unanswered command; those behind it go again
+    # with their attempt not counted, so one bad body never uses up its neighbours' attempts
+    core, ids = started(
+        ["n1:4150"],
+        max_publish_attempts=1,
+        max_coalesced_messages=1,
+        reconnect_delay=1.0,
+        reconnect_jitter=0.0,
+    )
+    (c,) = ids.values()
+    rids = [core.publish("t", b"%d" % i, 0.0) for i in range(4)]
+    core.handle_timer(0.0)
+    assert sends(core.outputs())[c] == b"".join(cmd.pub("t", b"%d" % i) for i in range(4))
+    core.receive_data(c, response(b"OK"), 0.1)  # the first is answered
+    core.outputs()
+    core.connection_lost(c, 0.2, OSError("connection reset by peer"))
+    failed = [o for o in core.outputs() if isinstance(o, PublishFailed)]
+    assert [f.request_id for f in failed] == [rids[1]]  # its one attempt spent
+    assert isinstance(failed[0].error, ConnectionClosedError)
+    core.handle_timer(1.5)  # reconnect
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_made(connect.conn_id, 1.5)
+    core.outputs()
+    core.receive_data(connect.conn_id, identify_response(), 1.5)
+    core.handle_timer(1.5)
+    assert sends(core.outputs())[connect.conn_id] == cmd.pub("t", b"2") + cmd.pub("t", b"3")
+    core.receive_data(connect.conn_id, response(b"OK") * 2, 1.6)
+    ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert ok == rids[2:] and core.pending == 0
+
+
+def test_after_an_error_frame_no_command_left_on_the_wire_is_blamed() -> None:
+    core, ids = started(
+        ["n1:4150"],
+        max_publish_attempts=1,
+        max_coalesced_messages=1,
+        reconnect_delay=1.0,
+        reconnect_jitter=0.0,
+    )
+    (c,) = ids.values()
+    rids = [core.publish("t", b"%d" % i, 0.0) for i in range(3)]
+    core.handle_timer(0.0)
+    core.outputs()
+    core.receive_data(c, error(b"E_BAD_MESSAGE PUB message too big 9 > 1"), 0.1)
+    failed = [o for o in core.outputs() if isinstance(o, PublishFailed)]
+    assert [f.request_id for f in failed] == [rids[0]]  # nsqd's refusal: its own
+    core.handle_timer(1.5)  # reconnect
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_made(connect.conn_id, 1.5)
+    core.outputs()
+    core.receive_data(connect.conn_id, identify_response(), 1.5)
+    core.handle_timer(1.5)
+    assert sends(core.outputs())[connect.conn_id] == cmd.pub("t", b"1") + cmd.pub("t", b"2")
 
 
 def test_publish_timeout_without_any_nsqd() -> None:

@@ -404,7 +404,7 @@ def test_a_split_mpub_sends_each_publish_alone_at_once_its_attempt_not_counted()
     steps = q.assign(0.0, ANY, pool)
     (batch,) = steps
     assert isinstance(batch, Coalesced) and len(batch.requests) == 4
-    q.split(batch.requests[:3])
+    assert q.split(batch.requests[:3], ServerError("E_BAD_MESSAGE", "MPUB bad", True)) == []
     assert [r.request_id for r in q.waiting] == [1, 2, 3]
     assert all(r.alone and r.attempts == 0 for r in batch.requests[:3])
     pool.conns[1].load = 0
@@ -413,3 +413,32 @@ def test_a_split_mpub_sends_each_publish_alone_at_once_its_attempt_not_counted()
         ([2], 1),
         ([3], 1),
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "over"),
+    [
+        ("MPUB message too big 11 > 10", [2, 4]),  # nsqd named its limit
+        ("MPUB message too big 11 > 11", []),  # ...but no body is over it: each alone
+        ("MPUB invalid message(1) body size 0", []),  # no limit named: each alone
+    ],
+)
+def test_a_split_mpub_fails_the_bodies_over_the_limit_nsqd_named(
+    text: str, over: list[int]
+) -> None:
+    q = coalescing()
+    for body in (b"ok", b"x" * 11, b"ok", b"y" * 11, b"ok"):
+        q.add("t", Kind.PUB, [body], 10.0)
+    pool = FakePool(cap=1, c1=(("a", 1), 0, False))
+    (batch,) = q.assign(0.0, ANY, pool)
+    assert isinstance(batch, Coalesced) and len(batch.requests) == 5
+    failed = q.split(batch.requests, ServerError("E_BAD_MESSAGE", text, True))
+    assert [r.request_id for r in failed] == over
+    rest = [r for r in batch.requests if r.request_id not in over]
+    # the others wait again, their attempt not counted
+    assert list(q.waiting) == rest and all(r.attempts == 0 for r in rest)
+    again = commands(q.assign(0.0, ANY, FakePool(cap=5, c1=(("a", 1), 0, False))))
+    if over:  # coalesced again: the bad bodies are not sent again
+        assert again == [([1, 3, 5], 1)]
+    else:  # nothing known of the bad one: each alone, so that it fails alone
+        assert again == [([n], 1) for n in range(1, 6)]
