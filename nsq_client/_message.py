@@ -143,8 +143,16 @@ class Message(CoreMessage):
         if self._responded:  # _mark, inline (once per message; a subclass overrides both)
             raise LocalProtocolError("this message has already been answered")
         self._responded = True
-        consumer = self._origin.consumer
-        if consumer._finish(self):
+        origin = self._origin
+        consumer = origin.consumer
+        if consumer._inbox.items:
+            # the consumer's _finish, its first case inline: more messages wait, so another
+            # answer will share the write; the runner's next pass hands them over
+            consumer._answers.append((origin.conn_id, self.id, self.attempts))
+            runner = consumer._runner
+            if not runner._woken:
+                runner.wake()
+        elif consumer._finish(self):
             await consumer._runner.drain_here()
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
