@@ -130,21 +130,69 @@ class _Runner(Generic[C]):
 
 
 async def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
-    """How another thread schedules a callback on this thread's event loop.  On asyncio the
-    callback runs knowing it is on asyncio: a callback has no task for anyio to tell the
-    library by, and the client may start a task there (a write that waits for room, a
-    close)."""
+    """How another thread schedules a callback on this thread's event loop: through a
+    :class:`_Handoff`, so that the callbacks many threads give while the loop is busy wake it
+    once.  On asyncio the callbacks run knowing they are on asyncio: a callback has no task
+    for anyio to tell the library by, and the client may start a task there (a write that
+    waits for room, a close)."""
     try:
         call_soon = asyncio.get_running_loop().call_soon_threadsafe
     except RuntimeError:  # trio's thread (trio tells anyio itself)
         import trio
 
-        return trio.lowlevel.current_trio_token().run_sync_soon
+        return _Handoff(trio.lowlevel.current_trio_token().run_sync_soon)
 
-    def soon(callback: Callable[[], object]) -> object:
-        return call_soon(as_asyncio, callback)
+    def wake(run: Callable[[], object]) -> object:
+        return call_soon(as_asyncio, run)
 
-    return soon
+    return _Handoff(wake)
+
+
+class _Handoff:
+    """Callbacks from other threads, run in the loop's thread in the order given.  Only the
+    first given while none waits wakes the loop (each wake-up is a system call, and 200
+    threads publishing at once would make one each); the loop then runs every callback
+    given until it has run them all."""
+
+    __slots__ = ("_lock", "_pending", "_scheduled", "_wake")
+
+    def __init__(self, wake: Callable[[Callable[[], object]], object]) -> None:
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._pending: list[Callable[[], object]] = []
+        self._scheduled = False
+
+    def __call__(self, callback: Callable[[], object]) -> None:
+        with self._lock:
+            self._pending.append(callback)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._wake(self._run)
+        except BaseException:
+            with self._lock:
+                self._scheduled = False
+                self._pending.remove(callback)
+            raise
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                batch = self._pending
+                if not batch:
+                    self._scheduled = False
+                    return
+                self._pending = []
+            for index, callback in enumerate(batch):
+                try:
+                    callback()
+                except BaseException:
+                    # the rest still run, in a call of their own (as separate callbacks would)
+                    with self._lock:
+                        self._pending[:0] = batch[index + 1 :]
+                    self._wake(self._run)
+                    raise
 
 
 class _Blocking(Generic[C]):

@@ -24,6 +24,9 @@ class _Answers(Protocol):
     answers go to the consumer's core, and out through its runner."""
 
     _runner: CoreRunner
+    _inbox: _Inbox
+    #: FINs given since the runner's last pass: (connection, message id, attempts)
+    _answers: list[tuple[int, bytes, int]]
 
     def _finish(self, message: Message) -> bool: ...
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from functools import partial
 from typing import Any
 
 import anyio.from_thread
@@ -278,3 +279,77 @@ def test_a_callback_handed_to_the_loop_by_a_thread_can_start_a_task(backend: str
     with anyio.from_thread.start_blocking_portal(backend) as portal:
         portal.call(group)
     assert seen == ["task ran"]
+
+
+def test_callbacks_handed_over_while_the_loop_is_busy_wake_it_once_and_all_run_in_order() -> None:
+    from nsq_anyio.blocking import _Handoff
+
+    wakes: list[Any] = []
+    ran: list[int] = []
+    handoff = _Handoff(wakes.append)
+    for i in range(5):
+        handoff(partial(ran.append, i))
+    assert len(wakes) == 1 and ran == []  # one wake-up for the five
+    wakes.pop()()  # the loop runs it
+    assert ran == [0, 1, 2, 3, 4]
+    handoff(lambda: ran.append(5))  # the loop is idle again: a new wake-up
+    assert len(wakes) == 1
+    wakes.pop()()
+    assert ran == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_callback_that_raises_does_not_keep_the_others_from_running() -> None:
+    from nsq_anyio.blocking import _Handoff
+
+    wakes: list[Any] = []
+    ran: list[int] = []
+    handoff = _Handoff(wakes.append)
+
+    def bad() -> None:
+        raise RuntimeError("bad callback")
+
+    handoff(lambda: ran.append(0))
+    handoff(bad)
+    handoff(lambda: ran.append(2))
+    with pytest.raises(RuntimeError, match="bad callback"):
+        wakes.pop()()
+    assert ran == [0] and len(wakes) == 1  # the rest in a call of their own
+    wakes.pop()()
+    assert ran == [0, 2] and wakes == []
+
+
+def test_threads_handing_over_at_once_each_get_every_callback_run_once() -> None:
+    import asyncio
+
+    from nsq_anyio.blocking import _Handoff
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    try:
+        handoff = _Handoff(loop.call_soon_threadsafe)
+        seen: list[tuple[int, int]] = []
+
+        def work(n: int) -> None:
+            for i in range(200):
+                done = threading.Event()
+
+                def note(i: int = i, done: threading.Event = done) -> None:
+                    seen.append((n, i))
+                    done.set()
+
+                handoff(note)
+                assert done.wait(10)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(seen) == [(n, i) for n in range(20) for i in range(200)]
+        for n in range(20):  # each thread's in the order it gave them
+            assert [i for m, i in seen if m == n] == list(range(200))
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join()
+        loop.close()
