@@ -350,10 +350,9 @@ def test_connection_loss_retries_and_gives_up_after_max_publish_attempts() -> No
     assert isinstance(failed[0].error, ConnectionClosedError)
 
 
-def test_a_loss_without_a_word_counts_an_attempt_of_the_first_unanswered_command_only() -> None:
-    # nsqd reads a connection's commands in order: a body that makes it close (its error
-    # frame lost to the reset) is the first unanswered command; those behind it go again
-    # with their attempt not counted, so one bad body never uses up its neighbours' attempts
+def one_command_each() -> tuple[Producer, int]:
+    """A started producer sending each publish as its own command, with one attempt each,
+    reconnecting 1 s after a loss; and its connection."""
     core, ids = started(
         ["n1:4150"],
         max_publish_attempts=1,
@@ -362,6 +361,25 @@ def test_a_loss_without_a_word_counts_an_attempt_of_the_first_unanswered_command
         reconnect_jitter=0.0,
     )
     (c,) = ids.values()
+    return core, c
+
+
+def reconnected(core: Producer, now: float) -> int:
+    """The reconnection due at ``now``, made and identified; the flush then due carried out."""
+    core.handle_timer(now)
+    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
+    core.connection_made(connect.conn_id, now)
+    core.outputs()
+    core.receive_data(connect.conn_id, identify_response(), now)
+    core.handle_timer(now)
+    return connect.conn_id
+
+
+def test_a_loss_without_a_word_counts_an_attempt_of_the_first_unanswered_command_only() -> None:
+    # nsqd reads a connection's commands in order: a body that makes it close (its error
+    # frame lost to the reset) is the first unanswered command; those behind it go again
+    # with their attempt not counted, so one bad body never uses up its neighbours' attempts
+    core, c = one_command_each()
     rids = [core.publish("t", b"%d" % i, 0.0) for i in range(4)]
     core.handle_timer(0.0)
     assert sends(core.outputs())[c] == b"".join(cmd.pub("t", b"%d" % i) for i in range(4))
@@ -371,40 +389,23 @@ def test_a_loss_without_a_word_counts_an_attempt_of_the_first_unanswered_command
     failed = [o for o in core.outputs() if isinstance(o, PublishFailed)]
     assert [f.request_id for f in failed] == [rids[1]]  # its one attempt spent
     assert isinstance(failed[0].error, ConnectionClosedError)
-    core.handle_timer(1.5)  # reconnect
-    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
-    core.connection_made(connect.conn_id, 1.5)
-    core.outputs()
-    core.receive_data(connect.conn_id, identify_response(), 1.5)
-    core.handle_timer(1.5)
-    assert sends(core.outputs())[connect.conn_id] == cmd.pub("t", b"2") + cmd.pub("t", b"3")
-    core.receive_data(connect.conn_id, response(b"OK") * 2, 1.6)
+    again = reconnected(core, 1.5)
+    assert sends(core.outputs())[again] == cmd.pub("t", b"2") + cmd.pub("t", b"3")
+    core.receive_data(again, response(b"OK") * 2, 1.6)
     ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
     assert ok == rids[2:] and core.pending == 0
 
 
 def test_after_an_error_frame_no_command_left_on_the_wire_is_blamed() -> None:
-    core, ids = started(
-        ["n1:4150"],
-        max_publish_attempts=1,
-        max_coalesced_messages=1,
-        reconnect_delay=1.0,
-        reconnect_jitter=0.0,
-    )
-    (c,) = ids.values()
+    core, c = one_command_each()
     rids = [core.publish("t", b"%d" % i, 0.0) for i in range(3)]
     core.handle_timer(0.0)
     core.outputs()
     core.receive_data(c, error(b"E_BAD_MESSAGE PUB message too big 9 > 1"), 0.1)
     failed = [o for o in core.outputs() if isinstance(o, PublishFailed)]
     assert [f.request_id for f in failed] == [rids[0]]  # nsqd's refusal: its own
-    core.handle_timer(1.5)  # reconnect
-    (connect,) = [o for o in core.outputs() if isinstance(o, Connect)]
-    core.connection_made(connect.conn_id, 1.5)
-    core.outputs()
-    core.receive_data(connect.conn_id, identify_response(), 1.5)
-    core.handle_timer(1.5)
-    assert sends(core.outputs())[connect.conn_id] == cmd.pub("t", b"1") + cmd.pub("t", b"2")
+    again = reconnected(core, 1.5)
+    assert sends(core.outputs())[again] == cmd.pub("t", b"1") + cmd.pub("t", b"2")
 
 
 def test_publish_timeout_without_any_nsqd() -> None:
