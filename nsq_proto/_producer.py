@@ -390,7 +390,9 @@ class Producer:
                         out.extend([PublishSucceeded(rec.conn_id, r.request_id) for r in sent])
             elif type(item) is PublishFailed:
                 sent = rec.outstanding.pop(item.request_id, None)
-                if sent is not None and rec.behind_the_cause(item.error):
+                # (asked even of a command that failed already: it may be the one nsqd ended on)
+                behind = rec.behind_the_cause(item.error)
+                if sent is not None and behind:
                     for req in sent if isinstance(sent, list) else [sent]:
                         req.attempts -= 1  # behind the command the connection ended on
                 if type(sent) is Request:

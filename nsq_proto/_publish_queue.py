@@ -278,18 +278,17 @@ class PublishQueue:
         (``MPUB message too big 1048577 > 1048576``), the bodies over it fail and the others
         go again coalesced; otherwise each goes again alone, so that only the bad one fails."""
         match = _TOO_BIG.search(error.text) if error.code == "E_BAD_MESSAGE" else None
-        failed: list[Request] = []
+        limit = math.inf
         if match is not None and all(req.ext is None for req in reqs):
-            limit = int(match.group(1))
-            failed = [req for req in reqs if len(req.bodies[0]) > limit]
+            limit = float(match.group(1))
+        failed = [req for req in reqs if len(req.bodies[0]) > limit]
         for req in reqs:
-            if any(req is bad for bad in failed):
-                continue
-            self._release(req)
-            req.attempts -= 1
-            req.alone = not failed
-            req.not_before = 0.0
-            self._requeue(req)
+            if len(req.bodies[0]) <= limit:
+                self._release(req)
+                req.attempts -= 1
+                req.alone = not failed
+                req.not_before = 0.0
+                self._requeue(req)
         return failed
 
     def _requeue(self, req: Request) -> None:

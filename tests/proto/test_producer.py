@@ -350,16 +350,16 @@ def test_connection_loss_retries_and_gives_up_after_max_publish_attempts() -> No
     assert isinstance(failed[0].error, ConnectionClosedError)
 
 
-def one_command_each() -> tuple[Producer, int]:
+def one_command_each(**config: Any) -> tuple[Producer, int]:
     """A started producer sending each publish as its own command, with one attempt each,
-    reconnecting 1 s after a loss; and its connection."""
-    core, ids = started(
-        ["n1:4150"],
-        max_publish_attempts=1,
-        max_coalesced_messages=1,
-        reconnect_delay=1.0,
-        reconnect_jitter=0.0,
-    )
+    reconnecting 1 s after a loss (unless ``config`` says otherwise); and its connection."""
+    options: dict[str, Any] = {
+        "max_publish_attempts": 1,
+        "max_coalesced_messages": 1,
+        "reconnect_delay": 1.0,
+        "reconnect_jitter": 0.0,
+    }
+    core, ids = started(["n1:4150"], **(options | config))
     (c,) = ids.values()
     return core, c
 
@@ -394,6 +394,27 @@ def test_a_loss_without_a_word_counts_an_attempt_of_the_first_unanswered_command
     core.receive_data(again, response(b"OK") * 2, 1.6)
     ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
     assert ok == rids[2:] and core.pending == 0
+
+
+def test_a_loss_is_charged_to_the_first_unanswered_command_even_one_failed_already() -> None:
+    # the first command on the wire timed out (its caller has its answer), then the
+    # connection ends without a word: nsqd ended on that one, not on those behind it
+    core, c = one_command_each(publish_timeout=1.0, reconnect_delay=0.2)
+    first = core.publish("t", b"0", 0.0)
+    core.outputs()
+    rids = [core.publish("t", b"%d" % i, 0.5) for i in (1, 2)]
+    core.handle_timer(0.5)
+    assert sends(core.outputs())[c] == cmd.pub("t", b"1") + cmd.pub("t", b"2")
+    core.handle_timer(1.0)
+    (timed_out,) = [o for o in core.outputs() if isinstance(o, PublishFailed)]
+    assert timed_out.request_id == first and isinstance(timed_out.error, PublishTimeout)
+    core.connection_lost(c, 1.1, OSError("connection reset by peer"))
+    assert [o for o in core.outputs() if isinstance(o, PublishFailed)] == []
+    again = reconnected(core, 1.35)
+    assert sends(core.outputs())[again] == cmd.pub("t", b"1") + cmd.pub("t", b"2")
+    core.receive_data(again, response(b"OK") * 2, 1.4)
+    ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert ok == rids and core.pending == 0
 
 
 def test_after_an_error_frame_no_command_left_on_the_wire_is_blamed() -> None:
