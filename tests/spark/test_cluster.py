@@ -23,14 +23,14 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.gate import ConnectionGate, process_tree
 from tests.support.load import CpuPressure, wait_while_moving
-from tests.support.net import socket_inodes, tcp_sockets
 
 from ._cluster import CHANNEL, STALL, Cluster, Driver, stats
 from .helpers import NSQD, RealNSQD, alive, descendants
@@ -88,40 +88,6 @@ def _waiting(node: RealNSQD, topic: str) -> int:
     return 0
 
 
-def _socket_pids(pids: Iterable[int] | None = None) -> dict[int, int]:
-    """socket inode -> the pid holding it, among ``pids`` (default: this user's processes)."""
-    if pids is None:
-        pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    return {inode: pid for pid in pids for inode in socket_inodes(pid)}
-
-
-def _tcp_inodes(ports: set[int], *, remote: bool = False) -> set[int]:
-    """The socket inodes of the TCP connections (``/proc/net/tcp``) whose local end, or with
-    ``remote`` whose far end of an established connection, has one of ``ports``."""
-    return {
-        inode
-        for state, local, far, inode in tcp_sockets(("/proc/net/tcp",))
-        if (far if remote else local) in ports
-        and inode != 0
-        and (not remote or state == "01")  # the far end: of an ESTABLISHED connection
-    }
-
-
-def _process_tree() -> dict[int, list[int]]:
-    """pid -> its live children, from one walk of /proc."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children[int(fields[1])].append(int(entry.name))
-    return children
-
-
 def _below(children: dict[int, list[int]], pid: int) -> set[int]:
     """``pid`` and every process below it in ``children``."""
     found, todo = set(), [pid]
@@ -133,59 +99,49 @@ def _below(children: dict[int, list[int]], pid: int) -> set[int]:
 
 
 class ConnectionOwners:
-    """Samples every 10 ms, while a query runs, which processes hold TCP connections to
-    ``nodes``' TCP ports: ``executor`` (below an executor JVM of a worker) or ``driver``
-    (below the process ``driver_pid``), each connection counted once, from the client ends
-    in ``/proc/net/tcp``; ``executors`` lists the executor JVMs seen holding one.
+    """Who opens the TCP connections to ``nodes``: a :class:`ConnectionGate` in front of each
+    (the query is given ``addresses``, the gates' own) finds the process holding each
+    connection before it relays one byte.  ``seen`` counts them: ``executor`` (a process
+    below an executor JVM of a worker: ``executors`` lists those JVMs, last one last),
+    ``other`` (any other process, the driver's included: ``others`` names them) and
+    ``unknown`` (closed before it was looked up)."""
 
-    A task holds its connections for milliseconds: a sample reads ``/proc/net/tcp`` alone
-    until a connection it has not told yet appears, and only then walks /proc once and
-    reads the descriptors of the driver's and the workers' processes (nsqd's ``/stats``
-    then every process, or a walk per sample, was too slow to catch one on a loaded
-    machine)."""
-
-    def __init__(self, nodes: list[RealNSQD], cluster: Cluster, driver_pid: int) -> None:
+    def __init__(self, nodes: list[RealNSQD], cluster: Cluster) -> None:
         self.seen: collections.Counter[str] = collections.Counter()
         self.executors: list[int] = []
-        self._told: set[int] = set()
-        self._ports = {int(node.address.rpartition(":")[2]) for node in nodes}
+        self.others: list[str] = []
         self._cluster = cluster
-        self._driver = driver_pid
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._gates = [ConnectionGate(n.address, self._candidates, self._owner) for n in nodes]
+        self.addresses = [gate.address for gate in self._gates]
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            try:
-                self._sample()
-            except OSError:  # a process or descriptor gone while read: the next sample
-                continue
-
-    def _sample(self) -> None:
-        inodes = _tcp_inodes(self._ports, remote=True) - self._told
-        if not inodes:
-            return
-        children = _process_tree()
-        driver = _below(children, self._driver)
+    def _candidates(self) -> Iterator[int]:
+        """The processes below the workers first (the executors, their Python workers),
+        then every other one."""
+        children = process_tree()
         workers: set[int] = set()
         for worker in self._cluster.worker_pids:
             workers |= _below(children, worker)
-        for inode, pid in _socket_pids(driver | workers).items():
-            if inode not in inodes:
-                continue
-            self._told.add(inode)
-            if pid in driver:
-                self.seen["driver"] += 1
-            else:
-                jvm = _executor_jvm_of(pid, self._cluster)
-                if jvm is not None:
-                    self.seen["executor"] += 1
-                    self.executors.append(jvm)
+        yield from workers
+        yield from (pid for kids in children.values() for pid in kids if pid not in workers)
+
+    def _owner(self, pid: int | None) -> None:
+        if pid is None:
+            self.seen["unknown"] += 1
+            return
+        jvm = _executor_jvm_of(pid, self._cluster)
+        if jvm is not None:
+            self.seen["executor"] += 1
+            self.executors.append(jvm)
+            return
+        self.seen["other"] += 1
+        try:
+            self.others.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:200].decode())
+        except OSError:
+            self.others.append(f"pid {pid}")
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        for gate in self._gates:
+            gate.close()
 
 
 def _executor_jvm_of(pid: int, cluster: Cluster) -> int | None:
@@ -245,17 +201,18 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
 
     sender = threading.Thread(target=publish_until_after_the_kill, daemon=True)
     # what a killed task held comes back after msg_timeout
+    watch = ConnectionOwners(two_nsqd, spark_cluster)
     driver = Driver(
         spark_cluster.master,
         two_nsqd,
         topic,
         tmp_path,
         "body;id;attempts;nsqd",
+        nsqd_tcp_addresses=",".join(watch.addresses),
         msg_timeout=5,
         max_messages_per_trigger=1000,
     )
     pressure = CpuPressure()
-    watch = ConnectionOwners(two_nsqd, spark_cluster, driver.proc.pid)
     started = time.monotonic()
     sender.start()
     try:
@@ -265,17 +222,16 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
         )
         first_rows_s = time.monotonic() - started
         try:
-            # a task holds its connections for milliseconds: look every 10 ms, over as many
-            # batches as it takes (a hundred at most)
-            batches = driver.committed()
-
-            def holding() -> bool:
-                return bool(watch.executors) or driver.committed() > batches + 100
-
+            # the executor of the task that connected next: killed a few milliseconds
+            # after its connection was accepted, while the task reads its messages
+            connected = len(watch.executors)
             wait_while_moving(
-                holding, driver.committed, stall=STALL, interval=0.01, what="a task caught"
+                lambda: len(watch.executors) > connected,
+                driver.committed,
+                stall=STALL,
+                interval=0.01,
+                what="a task connecting",
             )
-            assert watch.executors, "over 100 batches, no task was caught holding a connection"
             victims = descendants(watch.executors[-1])
             for pid in alive(victims):
                 os.kill(pid, signal.SIGKILL)
@@ -320,11 +276,10 @@ def test_executors_consume_and_a_killed_executor_loses_and_duplicates_nothing(
     copies = collections.Counter(r["body"] for r in rows)
     assert [b for b, c in copies.items() if c > 1] == []  # not one duplicate
     assert sorted(copies) == sorted(sent)
-    assert {r["nsqd"] for r in rows} == {n.address for n in two_nsqd}
+    assert {r["nsqd"] for r in rows} == set(watch.addresses)
     # the connections to nsqd were the executors' (their Python workers), never the driver's
-    # (sampled from /proc/net/tcp every 10 ms: nsqd's /stats then every process was too slow to
-    # see a task's connection of a few milliseconds on a loaded machine)
-    assert watch.seen["executor"] > 0 and watch.seen["driver"] == 0, watch.seen
+    # nor another process's
+    assert watch.seen["executor"] > 0 and watch.others == [], (watch.seen, watch.others)
     for node in two_nsqd:
         final = stats(node, topic)
         assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)
@@ -520,13 +475,13 @@ def test_a_spark_connect_client_reads_on_the_cluster(
         publish(node, topic, [t.encode() for t in texts])
         sent.extend(texts)
     # the Connect server is the driver: its process tree must open no connection to nsqd
-    with connect_server(spark_cluster.master) as (url, server):
-        watch = ConnectionOwners(two_nsqd, spark_cluster, server.pid)
+    with connect_server(spark_cluster.master) as (url, _server):
+        watch = ConnectionOwners(two_nsqd, spark_cluster)
         try:
             got = client(
                 url,
                 "read",
-                ",".join(n.address for n in two_nsqd),
+                ",".join(watch.addresses),
                 ",".join(n.http for n in two_nsqd),
                 topic,
                 str(tmp_path),
@@ -535,8 +490,8 @@ def test_a_spark_connect_client_reads_on_the_cluster(
             watch.stop()
     bodies = collections.Counter(body for body, _id, _nsqd in got["rows"])
     assert sorted(bodies) == sorted(sent) and set(bodies.values()) == {1}
-    assert {nsqd for _body, _id, nsqd in got["rows"]} == {n.address for n in two_nsqd}
-    assert watch.seen["executor"] > 0 and watch.seen["driver"] == 0, watch.seen
+    assert {nsqd for _body, _id, nsqd in got["rows"]} == set(watch.addresses)
+    assert watch.seen["executor"] > 0 and watch.others == [], (watch.seen, watch.others)
     for node in two_nsqd:
         final = stats(node, topic)
         assert final is not None and (final["depth"], final["in_flight_count"]) == (0, 0)
