@@ -517,7 +517,7 @@ class Consumer:
         bulk = take_many(self._conns, messages, lambda c, m, a: self.finish(c, m, now, attempts=a))
         groups = bulk.groups.values()
         for rec, ids in groups:
-            rec.conn.finish_many(ids)
+            rec.conn.finish_many_delivered(ids)  # ids its book held: checked when read
             self.messages_finished += len(ids)
         if bulk.fresh:
             self._rdy.success(now)

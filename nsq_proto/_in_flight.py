@@ -169,25 +169,30 @@ def take_many(
     last_id: ConnId | None = None
     rec: R | None = None
     ids: list[bytes] | None = None  # the group of ``last_id``, once it has one
+    # the book of ``last_id`` while it holds one delivery of each message and keeps no
+    # order (each answer then the book's take, inline); None: one by one, or skipped
+    held: dict[bytes, Message] | None = None
     for conn_id, msg_id, attempts in answers:
         if conn_id != last_id:
             last_id = conn_id
             rec = records.get(conn_id)
             ids = None
-        if rec is None:
+            held = None
+            if rec is not None and not rec.ordered and not rec.in_flight.copies:
+                held = rec.in_flight.held
+        if held is None:
+            if rec is not None:
+                try:
+                    bulk.sent += one_by_one(conn_id, msg_id, attempts)
+                except LocalProtocolError as exc:
+                    bulk.error = bulk.error or exc
             continue
-        book = rec.in_flight
-        if rec.ordered or book.copies:
-            try:
-                bulk.sent += one_by_one(conn_id, msg_id, attempts)
-            except LocalProtocolError as exc:
-                bulk.error = bulk.error or exc
-            continue
-        message = book.held.pop(msg_id, None)  # the book's take, inline
+        message = held.pop(msg_id, None)
         if message is None:
             bulk.error = bulk.error or not_in_flight(msg_id, conn_id)
             continue
         if ids is None:
+            assert rec is not None  # (held is its book's)
             entry = groups.get(conn_id)
             if entry is None:
                 entry = groups[conn_id] = (rec, [])

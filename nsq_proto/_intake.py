@@ -26,6 +26,9 @@ from ._state import CAN_ANSWER
 
 __all__ = ["Intake"]
 
+#: max_attempts 0 (no limit) as a bound
+_NO_LIMIT = 1 << 62
+
 #: an ordered connection's judgement of a delivery (held copy, delivery): a repeat or not
 RepeatCheck = Callable[[Message | None, Message], bool]
 
@@ -87,7 +90,24 @@ class Intake:
         # as it is; once one is set aside, those the application gets are gathered here
         kept: list[Message] | None = None
         passed = 0  # what the application gets, not yet told to the RDY planner
-        for message in messages:
+        rest = messages
+        if batches and repeat is None and not requeueing:
+            # the common case first: a new delivery under max_attempts goes into the book
+            # and on to the application; the first other one ends it, and the loop below
+            # goes on from there
+            limit = max_attempts or _NO_LIMIT
+            for message in messages:
+                msg_id = message.id
+                if message.attempts > limit or msg_id in held:
+                    break
+                held[msg_id] = message  # the book's deliver, inline (per message)
+            else:
+                if messages:
+                    self._pass_on(conn_id, messages, len(messages), planned, now)
+                return
+            passed = next(i for i, m in enumerate(messages) if m is message)
+            rest = messages[passed:]
+        for message in rest:
             if requeueing:
                 # sent by nsqd before it read our CLS: back at once, or nsqd would hold it
                 # for this connection until msg_timeout
