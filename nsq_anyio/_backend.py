@@ -17,7 +17,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.tls import TLSStream
 
-from nsq_client import Backend, BackendBase, Stream
+from nsq_client import Backend, BackendBase, EventLike, Stream
 
 from . import _asyncio_stream as asyncio_stream
 from ._asyncio_stream import AsyncioStream, LoopEvent
@@ -78,7 +78,9 @@ class AnyioBackend(BackendBase):
         looking the event loop up on every call)."""
         loop = _asyncio_loop()
         if loop is None:
-            return anyio.current_time
+            import trio  # anyio runs on trio: its clock, which anyio's finds again on each call
+
+            return trio.current_time
         if type(loop).time is asyncio.BaseEventLoop.time:
             # asyncio's own clock is time.monotonic() behind a Python method: the function
             # itself, one frame fewer on every message and publish
@@ -92,19 +94,31 @@ class AnyioBackend(BackendBase):
         loop = _asyncio_loop()
         return anyio.Event() if loop is None else LoopEvent(loop)
 
-    def event_factory(self) -> Callable[[], anyio.Event | LoopEvent]:
+    def event_factory(self) -> Callable[[], EventLike]:
         """What :meth:`event` makes, as a callable that looks the loop up once: asking for
         the running loop is a system call on CPython 3.11 (``getpid``), and on trio a
-        ``RuntimeError`` raised and caught."""
+        ``RuntimeError`` raised and caught (there, trio's own event: anyio's wraps one)."""
         loop = _asyncio_loop()
         if loop is None:
-            return anyio.Event
+            import trio  # anyio runs on trio: the event anyio's wraps, found once
+
+            return trio.Event
         return functools.partial(LoopEvent, loop)
 
     def cancel_scope(
         self, *, deadline: float = math.inf, shield: bool = False
     ) -> anyio.CancelScope:
         return anyio.CancelScope(deadline=deadline, shield=shield)
+
+    def scope_factory(self) -> Callable[..., Any]:
+        """What :meth:`cancel_scope` makes, as a callable that looks the loop up once: on
+        trio, trio's own scope (anyio's on trio wraps one, and finds the running library
+        again for each); on asyncio, anyio's."""
+        if _asyncio_loop() is not None:
+            return anyio.CancelScope
+        import trio  # anyio runs on trio: the scope anyio's wraps, found once
+
+        return trio.CancelScope
 
     def task_group(self) -> anyio.abc.TaskGroup:
         return anyio.create_task_group()

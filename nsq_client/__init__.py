@@ -21,6 +21,7 @@ from ._backend import EventFactory as EventFactory
 from ._backend import EventLike as EventLike
 from ._backend import NowaitStream as NowaitStream
 from ._backend import PushStream as PushStream
+from ._backend import ScopeFactory as ScopeFactory
 from ._backend import ScopeLike as ScopeLike
 from ._backend import Stream as Stream
 from ._backend import TaskGroupContext as TaskGroupContext
@@ -65,6 +66,7 @@ __all__ = [
     "ProducerConnectionStats",
     "ProducerOptions",
     "ProducerStats",
+    "ScopeFactory",
     "ScopeLike",
     "Stream",
     "TaskGroupContext",

@@ -21,7 +21,9 @@ __all__ = [
     "BackendBase",
     "EventFactory",
     "EventLike",
+    "ScopeFactory",
     "ScopeLike",
+    "ScopeMaker",
     "Stream",
     "AbortStream",
     "NowaitStream",
@@ -247,6 +249,31 @@ def event_factory(backend: Backend) -> Callable[[], EventLike]:
     if isinstance(backend, EventFactory):
         return backend.event_factory()
     return backend.event
+
+
+#: what :class:`ScopeFactory` gives: makes a cancel scope as :meth:`Backend.cancel_scope` does
+ScopeMaker = Callable[..., ScopeLike]
+
+
+@runtime_checkable
+class ScopeFactory(Protocol):
+    """A backend that can say once, inside the running loop, how to make its cancel scopes
+    cheaply (an optional part of :class:`Backend`, as :class:`EventFactory` is for events):
+    the client makes one for each read, each write that waits and each pass of its pump."""
+
+    def scope_factory(self) -> ScopeMaker:
+        """A cheap callable taking :meth:`Backend.cancel_scope`'s keywords (``deadline``,
+        ``shield``) and making a cancel scope of the running loop (called inside it)."""
+        ...
+
+
+def scope_factory(backend: Backend) -> ScopeMaker:
+    """What makes the running loop's cancel scopes: the backend's
+    :meth:`ScopeFactory.scope_factory` where it has one, else its :meth:`Backend.cancel_scope`
+    (call it inside the loop)."""
+    if isinstance(backend, ScopeFactory):
+        return backend.scope_factory()
+    return backend.cancel_scope
 
 
 class BackendBase:

@@ -25,9 +25,11 @@ from ._backend import (
     EventLike,
     PushStream,
     ScopeLike,
+    ScopeMaker,
     Stream,
     TaskGroupLike,
     event_factory,
+    scope_factory,
 )
 
 __all__ = ["CoreRunner", "TransportError"]
@@ -138,7 +140,6 @@ class _Writer:
         stream = link.stream
         assert done is not None and stream is not None
         runner = self._runner
-        backend = runner.backend
         timeout = runner._write_timeout
         pending = self.pending
         try:
@@ -147,7 +148,7 @@ class _Writer:
                 pending.clear()
                 # once taken from the core, bytes must reach the socket even if this task is
                 # being cancelled (they may be the FIN/REQ of a stop); bounded, not forever
-                with backend.cancel_scope(deadline=runner._clock() + timeout, shield=True) as scope:
+                with runner.new_scope(deadline=runner._clock() + timeout, shield=True) as scope:
                     await stream.send(data)
                 if getattr(scope, "cancelled_caught", False):
                     # part of a command may be on the wire: the connection cannot go on
@@ -255,7 +256,7 @@ class _Reader:
                     continue
                 return
             data: bytes | None = None
-            with backend.cancel_scope() as scope:
+            with runner.new_scope() as scope:
                 self._scope = scope
                 try:
                     data = await stream.receive()
@@ -425,6 +426,8 @@ class CoreRunner:
         self._wake: EventLike = backend.event()
         #: makes the loop's events (a cheaper callable once the loop runs: see :meth:`start`)
         self.new_event: Callable[[], EventLike] = backend.event
+        #: makes the loop's cancel scopes (a cheaper callable once the loop runs, as new_event)
+        self.new_scope: ScopeMaker = backend.cancel_scope
         self._woken = False
         #: the deadline the pump task sleeps until (-inf while it runs: it looks again)
         self._sleeping_until = -math.inf
@@ -457,6 +460,7 @@ class CoreRunner:
         self._tg = task_group
         self._clock = self.backend.clock()
         self.new_event = event_factory(self.backend)
+        self.new_scope = scope_factory(self.backend)
         task_group.start_soon(self.run, task_group)
 
     async def run(self, task_group: TaskGroupLike) -> None:
@@ -469,7 +473,6 @@ class CoreRunner:
             self._pumping = False
 
     async def _pump(self, task_group: TaskGroupLike) -> None:
-        backend = self.backend
         core = self.core
         new_event = self.new_event
         while True:
@@ -486,7 +489,7 @@ class CoreRunner:
             deadline = core.next_deadline()
             self._sleeping_until = until = math.inf if deadline is None else deadline
             try:
-                with backend.cancel_scope(deadline=until):
+                with self.new_scope(deadline=until):
                     await self._wake.wait()
             finally:
                 self._sleeping_until = -math.inf

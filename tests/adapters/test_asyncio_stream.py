@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+import trio
 
 import nsq_client
 import nsq_client._backend
@@ -328,7 +329,10 @@ def test_the_backends_event_factory_makes_events_of_the_running_loop(library: st
     async def main() -> None:
         make = nsq_client._backend.event_factory(backend)
         event = make()
-        assert type(event) is type(backend.event())
+        if library == "trio":
+            assert isinstance(event, trio.Event)  # what anyio's wraps there, made directly
+        else:
+            assert type(event) is type(backend.event())
         if isinstance(event, LoopEvent):
             loops.append(asyncio.get_running_loop())
             assert event._loop is loops[-1]
@@ -349,3 +353,34 @@ def test_the_backends_event_factory_makes_events_of_the_running_loop(library: st
     anyio.run(main, backend=library)
     assert len(loops) == (2 if library == "asyncio" else 0)
     assert library == "trio" or loops[0] is not loops[1]
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_the_backends_scope_factory_makes_scopes_that_end_at_their_deadline_and_shield(
+    library: str,
+) -> None:
+    """What the client makes its per-read, per-write and per-pass scopes with, once the loop
+    runs: a scope that ends its block at its deadline (a wait then stops there), and a shielded
+    one that keeps the cancellation of an enclosing anyio scope out until its block ends."""
+    backend = AnyioBackend()
+    assert isinstance(backend, nsq_client.ScopeFactory)
+    seen: list[object] = []
+
+    async def main() -> None:
+        make = nsq_client._backend.scope_factory(backend)
+        started = anyio.current_time()
+        with make(deadline=started + 0.05) as scope:
+            await anyio.sleep(5)
+        caught = getattr(scope, "cancelled_caught", None)  # (not part of ScopeLike)
+        seen.append(("deadline", caught, anyio.current_time() - started < 2))
+        with anyio.CancelScope() as outer:
+            outer.cancel()
+            with make(deadline=anyio.current_time() + 5, shield=True):
+                await anyio.sleep(0.01)  # not cancelled: shielded
+                seen.append("shielded sleep done")
+            await anyio.sleep(5)  # the outer cancellation lands here
+            seen.append("not reached")
+        seen.append(("outer", outer.cancelled_caught))
+
+    anyio.run(main, backend=library)
+    assert seen == [("deadline", True, True), "shielded sleep done", ("outer", True)]
