@@ -362,113 +362,11 @@ class Connection:
         decoder = self._decoder
         head, data, pos = decoder.resume(data)
         self._run = None  # (message_batches) a new read: a new event for its messages
-        if head and self._frames(head, 0) < 0:
+        if head and _read_frames(self, head, 0) < 0:
             return
-        end = self._frames(data, pos)
+        end = _read_frames(self, data, pos)
         if end >= 0:
             decoder.keep(data, end)
-
-    def _frames(self, buf: bytes, pos: int) -> int:
-        """Handle the whole frames of ``buf`` from ``pos`` on; where the first incomplete one
-        starts (-1 once the connection closed)."""
-        decoder = self._decoder
-        conn_id = self.conn_id
-        layout = self.layout
-        standard = layout is STANDARD_LAYOUT
-        unpack_message_header = _MESSAGE_FRAME_HEADER.unpack_from
-        unpack_frame_header = _FRAME_HEADER.unpack_from
-        max_size = self.config.max_frame_size
-        outputs = self._outputs
-        receiving = self.state in CAN_RECEIVE_MESSAGES
-        batches = self._batches
-        batch = self._run  # (batches) this read's messages since its last other frame
-        cls = self._message_class
-        native = cls is Message  # then built directly (compiled: no call through an object)
-        n = len(buf)
-        size: int  # declared: the compiled build then compares machine ints, not objects
-        frame_type: int
-        timestamp: int
-        attempts: int
-        end: int
-        message_type = _MESSAGE
-        smallest = 4 + MESSAGE_HEADER_SIZE
-        # the common frame (a whole standard message, joining this read's run) takes the
-        # first branch alone: every other frame, or one cut by the read, goes on below
-        fast = receiving and standard
-        while True:
-            if n - pos >= 18:
-                # a message frame's timestamp and attempts come with its header: one unpack
-                size, frame_type, timestamp, attempts = unpack_message_header(buf, pos)
-                end = pos + 4 + size
-                if (
-                    frame_type == message_type
-                    and end <= n
-                    and smallest <= size <= max_size
-                    and fast
-                    and batch is not None
-                ):
-                    if native:
-                        batch.append(
-                            Message(
-                                buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
-                            )
-                        )
-                    else:
-                        batch.append(
-                            cls(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])
-                        )
-                    pos = end
-                    continue
-            elif n - pos >= 8:
-                size, frame_type = unpack_frame_header(buf, pos)
-                timestamp = attempts = 0
-            else:
-                self._run = batch
-                return pos
-            if size < 4 or size > max_size or frame_type < 0 or frame_type > 2:
-                decoder.reject(size, frame_type)
-            end = pos + 4 + size
-            if end > n:
-                self._run = batch
-                return pos
-            if frame_type == _MESSAGE:
-                if not receiving:
-                    raise RemoteProtocolError(
-                        f"message frame in state {self.state.value} (not subscribed)"
-                    )
-                if not standard or size < 4 + MESSAGE_HEADER_SIZE:
-                    message = decode_message(buf[pos + 8 : end], layout, cls)
-                elif native:  # decode_message's standard case, inline (once per message)
-                    message = Message(
-                        buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
-                    )
-                else:
-                    message = cls(
-                        buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
-                    )
-                if batch is not None:
-                    batch.append(message)
-                else:
-                    if self._wbuf:
-                        self._flush()
-                    if batches:
-                        batch = [message]
-                        outputs.append(MessagesReceived(conn_id, batch))
-                    else:
-                        outputs.append(MessageReceived(conn_id, message))
-            elif frame_type == _ERROR:
-                batch = None
-                self._error_frame(buf[pos + 8 : end])
-                if self.state is ConnectionState.CLOSED:
-                    return -1
-                receiving = self.state in CAN_RECEIVE_MESSAGES
-                fast = receiving and standard
-            else:
-                batch = None
-                self._response(buf[pos + 8 : end])
-                receiving = self.state in CAN_RECEIVE_MESSAGES
-                fast = receiving and standard
-            pos = end
 
     def _handshake_frame(self, frame_type: int, payload: bytes) -> None:
         if frame_type == _ERROR:
@@ -787,3 +685,103 @@ class Connection:
     def pending_requests(self) -> int:
         """Requests sent and not yet answered (SUB, publishes, CLS)."""
         return len(self._pending)
+
+
+def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
+    """The frame loop of ``conn``'s reads after its handshake: handle the whole frames of
+    ``buf`` from ``pos`` on; where the first incomplete one starts (-1 once the connection
+    closed)."""
+    decoder = conn._decoder
+    conn_id = conn.conn_id
+    layout = conn.layout
+    standard = layout is STANDARD_LAYOUT
+    unpack_message_header = _MESSAGE_FRAME_HEADER.unpack_from
+    unpack_frame_header = _FRAME_HEADER.unpack_from
+    max_size = conn.config.max_frame_size
+    outputs = conn._outputs
+    receiving = conn.state in CAN_RECEIVE_MESSAGES
+    batches = conn._batches
+    batch = conn._run  # (batches) this read's messages since its last other frame
+    cls = conn._message_class
+    native = cls is Message  # then built directly (compiled: no call through an object)
+    n = len(buf)
+    size: int  # declared: the compiled build then compares machine ints, not objects
+    frame_type: int
+    timestamp: int
+    attempts: int
+    end: int
+    message_type = _MESSAGE
+    smallest = 4 + MESSAGE_HEADER_SIZE
+    # the common frame (a whole standard message, joining this read's run) takes the
+    # first branch alone: every other frame, or one cut by the read, goes on below
+    fast = receiving and standard
+    while True:
+        if n - pos >= 18:
+            # a message frame's timestamp and attempts come with its header: one unpack
+            size, frame_type, timestamp, attempts = unpack_message_header(buf, pos)
+            end = pos + 4 + size
+            if (
+                frame_type == message_type
+                and end <= n
+                and smallest <= size <= max_size
+                and fast
+                and batch is not None
+            ):
+                if native:
+                    batch.append(
+                        Message(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])
+                    )
+                else:
+                    batch.append(
+                        cls(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])
+                    )
+                pos = end
+                continue
+        elif n - pos >= 8:
+            size, frame_type = unpack_frame_header(buf, pos)
+            timestamp = attempts = 0
+        else:
+            conn._run = batch
+            return pos
+        if size < 4 or size > max_size or frame_type < 0 or frame_type > 2:
+            decoder.reject(size, frame_type)
+        end = pos + 4 + size
+        if end > n:
+            conn._run = batch
+            return pos
+        if frame_type == _MESSAGE:
+            if not receiving:
+                raise RemoteProtocolError(
+                    f"message frame in state {conn.state.value} (not subscribed)"
+                )
+            if not standard or size < 4 + MESSAGE_HEADER_SIZE:
+                message = decode_message(buf[pos + 8 : end], layout, cls)
+            elif native:  # decode_message's standard case, inline (once per message)
+                message = Message(
+                    buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
+                )
+            else:
+                message = cls(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])
+            if batch is not None:
+                batch.append(message)
+            else:
+                if conn._wbuf:
+                    conn._flush()
+                if batches:
+                    batch = [message]
+                    outputs.append(MessagesReceived(conn_id, batch))
+                else:
+                    outputs.append(MessageReceived(conn_id, message))
+        elif frame_type == _ERROR:
+            batch = None
+            conn._error_frame(buf[pos + 8 : end])
+            if conn.state is ConnectionState.CLOSED:
+                return -1
+            receiving = conn.state in CAN_RECEIVE_MESSAGES
+            fast = receiving and standard
+        else:
+            batch = None
+            conn._response(buf[pos + 8 : end])
+            receiving = conn.state in CAN_RECEIVE_MESSAGES
+            fast = receiving and standard
+        pos = end
