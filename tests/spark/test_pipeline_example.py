@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.net import live_processes
+
 from ._cluster import ROOT, spark_env
 from ._connect import missing
 from .helpers import NSQD, RealNSQD
@@ -60,17 +62,7 @@ def nsqd(tmp_path: Path) -> Iterator[RealNSQD]:
 
 def _session(sid: int) -> set[int]:
     """The live processes of the session ``sid`` (Linux /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            found.add(int(entry.name))
-    return found
+    return {pid for pid, fields in live_processes() if int(fields[3]) == sid}
 
 
 def run_pipeline(project: Path, env: dict[str, str], timeout: float = 240.0) -> tuple[int, str]:

@@ -13,9 +13,8 @@ import contextlib
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
-from .net import socket_inodes, tcp_sockets
+from .net import live_processes, socket_inodes, tcp_sockets
 
 __all__ = ["ConnectionGate", "process_tree"]
 
@@ -23,15 +22,8 @@ __all__ = ["ConnectionGate", "process_tree"]
 def process_tree() -> dict[int, list[int]]:
     """pid -> its live children, from one walk of /proc."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for pid, fields in live_processes():
+        children.setdefault(int(fields[1]), []).append(pid)
     return children
 
 

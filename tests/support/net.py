@@ -83,6 +83,20 @@ def tcp_sockets(
             yield fields[3], local, remote, int(fields[9])
 
 
+def live_processes() -> Iterator[tuple[int, list[str]]]:
+    """``(pid, the fields of /proc/PID/stat after the command's name)`` of each process that
+    is not a zombie (field 0 the state, 1 the parent, 3 the session)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            yield int(entry.name), fields
+
+
 def socket_inodes(pid: int) -> set[int]:
     """The inodes of the sockets process ``pid`` holds (none when it is gone)."""
     held: set[int] = set()
