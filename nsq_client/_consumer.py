@@ -344,11 +344,12 @@ class Consumer(ClientBase):
         otherwise (the runner's passes, a REQ, a TOUCH, a stop, the stats)."""
         answers = self._answers
         if answers:
-            self._answers = []
             try:
                 self._core.finish_many(answers, self._clock())
             except LocalProtocolError as exc:  # the core requeued it meanwhile (a stop's)
                 log.warning("a FIN was not sent: %s", exc)
+            finally:
+                answers.clear()  # the same list (the origins hold it): emptied, not replaced
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> bool:
         """REQ; True when it should be written at once (as :meth:`_finish` says)."""

@@ -25,7 +25,8 @@ class _Answers(Protocol):
 
     _runner: CoreRunner
     _inbox: _Inbox
-    #: FINs given since the runner's last pass: (connection, message id, attempts)
+    #: FINs given since the runner's last pass: (connection, message id, attempts); the
+    #: same list all along (emptied, never replaced: each origin holds it too)
     _answers: list[tuple[int, bytes, int]]
 
     def _finish(self, message: Message) -> bool: ...
@@ -45,7 +46,7 @@ CHECKPOINT_EVERY = 1024
 class _Origin:
     """Where messages came from: one per connection, shared by its messages."""
 
-    __slots__ = ("conn_id", "consumer", "nsqd_address", "partition")
+    __slots__ = ("answers", "conn_id", "consumer", "items", "nsqd_address", "partition", "runner")
 
     def __init__(
         self, consumer: _Answers, conn_id: int, nsqd_address: str, partition: int | None
@@ -54,6 +55,10 @@ class _Origin:
         self.conn_id = conn_id
         self.nsqd_address = nsqd_address
         self.partition = partition
+        # what ``finish`` reads of the consumer, one hop nearer (none of them is replaced)
+        self.items = consumer._inbox.items
+        self.answers = consumer._answers
+        self.runner = consumer._runner
 
 
 class Message(CoreMessage):
@@ -147,16 +152,15 @@ class Message(CoreMessage):
             raise LocalProtocolError("this message has already been answered")
         self._responded = True
         origin = self._origin
-        consumer = origin.consumer
-        if consumer._inbox.items:
+        if origin.items:
             # the consumer's _finish, its first case inline: more messages wait, so another
             # answer will share the write; the runner's next pass hands them over
-            consumer._answers.append((origin.conn_id, self.id, self.attempts))
-            runner = consumer._runner
+            origin.answers.append((origin.conn_id, self.id, self.attempts))
+            runner = origin.runner
             if not runner._woken:
                 runner.wake()
-        elif consumer._finish(self):
-            await consumer._runner.drain_here()
+        elif origin.consumer._finish(self):
+            await origin.runner.drain_here()
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ; ``delay`` None grows with attempts; ``backoff`` counts it as a failure."""

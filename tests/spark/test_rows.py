@@ -3,8 +3,10 @@ built from the messages."""
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
+import types
 from typing import Any, cast
 
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -15,6 +17,16 @@ from nsq_spark import SCHEMA
 from nsq_spark._rows import message_id, record_batch
 
 
+class _NoConsumer:
+    """What a message's origin reads of the consumer that delivered it, for messages that
+    are only turned into rows (never answered)."""
+
+    def __init__(self) -> None:
+        self._inbox = types.SimpleNamespace(items=collections.deque())
+        self._answers: list[object] = []
+        self._runner = None
+
+
 def test_message_ids() -> None:
     assert message_id(b"0a1b2c3d4e5f6071") == "0a1b2c3d4e5f6071"
     assert message_id(b"\x00\x01" + b"\xff" * 14) == "0001" + "ff" * 14
@@ -23,7 +35,7 @@ def test_message_ids() -> None:
 def test_record_batch_columns() -> None:
     def stand_in(core: nsq_proto.Message, nsqd: str, partition: int | None) -> Any:
         # the client's message, as a consumer of nsqd at ``nsqd`` delivers it
-        return Message._of(_Origin(cast(Any, None), 1, nsqd, partition), core)
+        return Message._of(_Origin(cast(Any, _NoConsumer()), 1, nsqd, partition), core)
 
     nsqd_ids = [b"0a1b2c3d4e5f6071", b"0a1b2c3d4e5f6072"]
     binary = b"\x00\x01" + b"\xff" * 14
@@ -68,8 +80,13 @@ def test_a_tasks_rows_are_built_without_importing_pandas() -> None:
         from nsq_spark import SCHEMA
         from nsq_spark._rows import message_ids, record_batch
 
+        import collections, types
+
         def stand_in(core, nsqd, partition):
-            return Message._of(_Origin(None, 1, nsqd, partition), core)
+            consumer = types.SimpleNamespace(
+                _inbox=types.SimpleNamespace(items=collections.deque()), _answers=[], _runner=None
+            )
+            return Message._of(_Origin(consumer, 1, nsqd, partition), core)
 
         schema = to_arrow_schema(SCHEMA, timezone="UTC")
         for partition, trace_id, ident in ((None, None, b"0a1b2c3d4e5f6071"), (3, 9, b"\\x00")):
