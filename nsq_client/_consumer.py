@@ -465,6 +465,7 @@ class Consumer(ClientBase):
         inbox = self._inbox
         items = inbox.items
         runner = self._runner
+        answers = self._answers  # (emptied by each pass, never replaced)
         while True:
             # inbox.take(), inline: the next message without a checkpoint while one waits
             inbox._taken = taken = inbox._taken + 1
@@ -499,9 +500,7 @@ class Consumer(ClientBase):
                     if items:
                         # _finish's first case, inline: more wait, so another answer will
                         # share the write; the runner's next pass hands them over
-                        self._answers.append(
-                            (message._origin.conn_id, message.id, message.attempts)
-                        )
+                        answers.append((message._origin.conn_id, message.id, message.attempts))
                         if not runner._woken:
                             runner.wake()
                     elif self._finish(message):
