@@ -368,6 +368,8 @@ def test_the_backends_scope_factory_makes_scopes_that_end_at_their_deadline_and_
 
     async def main() -> None:
         make = nsq_client._backend.scope_factory(backend)
+        clock = backend.clock()  # (on trio, trio's own: the clock deadlines are on)
+        assert abs(clock() - anyio.current_time()) < 0.5
         started = anyio.current_time()
         with make(deadline=started + 0.05) as scope:
             await anyio.sleep(5)

@@ -219,6 +219,25 @@ def test_subscribe_and_messages() -> None:
     )
 
 
+def test_finish_many_delivered_writes_what_finish_many_writes_and_checks_the_state() -> None:
+    """The core's bulk FIN of ids its book held: the same bytes as ``finish_many`` (nothing
+    for no id), and refused as every answer is once the connection cannot answer."""
+    ids = [mid(1), mid(2), mid(3)]
+    checked, delivered = subscribed_connection(), subscribed_connection()
+    checked.finish_many(ids)
+    delivered.finish_many_delivered(ids)
+    delivered.finish_many_delivered([])
+    assert (
+        sent(delivered.outputs())
+        == sent(checked.outputs())
+        == b"".join(b"FIN " + i + b"\n" for i in ids)
+    )
+    conn = ready_connection()  # not subscribed: nothing to answer
+    with pytest.raises(LocalProtocolError):
+        conn.finish_many_delivered(ids)
+    assert conn.outputs() == []
+
+
 def test_message_before_subscribe_is_a_protocol_error() -> None:
     conn = ready_connection()
     with pytest.raises(RemoteProtocolError, match="not subscribed"):

@@ -3,7 +3,6 @@ addressed as the Spark options name it, the processes below a driver."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from anyio.from_thread import BlockingPortal
 import nsq_anyio
 from nsq_emulator import ChannelStats, MessageInfo, TopicStats
 from nsq_emulator.loopback import EmulatorCluster
+from tests.support.gate import below, process_tree
 from tests.support.servers import Nsqd
 
 T = TypeVar("T")
@@ -201,23 +201,7 @@ class RealNSQD:
 
 def descendants(pid: int) -> set[int]:
     """``pid`` and every live process below it (Linux /proc)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            children[int(fields[1])].append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        todo.extend(children.get(p, []))
-    return found
+    return below(process_tree(), pid)
 
 
 def alive(pids: set[int]) -> set[int]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.gate import ConnectionGate, process_tree
+from tests.support.gate import ConnectionGate, below, process_tree
 from tests.support.load import CpuPressure, wait_while_moving
 
 from ._cluster import CHANNEL, STALL, Cluster, Driver, stats
@@ -88,16 +88,6 @@ def _waiting(node: RealNSQD, topic: str) -> int:
     return 0
 
 
-def _below(children: dict[int, list[int]], pid: int) -> set[int]:
-    """``pid`` and every process below it in ``children``."""
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        todo.extend(children.get(p, ()))
-    return found
-
-
 class ConnectionOwners:
     """Who opens the TCP connections to ``nodes``: a :class:`ConnectionGate` in front of each
     (the query is given ``addresses``, the gates' own) finds the process holding each
@@ -120,7 +110,7 @@ class ConnectionOwners:
         children = process_tree()
         workers: set[int] = set()
         for worker in self._cluster.worker_pids:
-            workers |= _below(children, worker)
+            workers |= below(children, worker)
         yield from workers
         yield from (pid for kids in children.values() for pid in kids if pid not in workers)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from .net import live_processes, socket_inodes, tcp_sockets
 
-__all__ = ["ConnectionGate", "process_tree"]
+__all__ = ["ConnectionGate", "below", "process_tree"]
 
 
 def process_tree() -> dict[int, list[int]]:
@@ -25,6 +25,16 @@ def process_tree() -> dict[int, list[int]]:
     for pid, fields in live_processes():
         children.setdefault(int(fields[1]), []).append(pid)
     return children
+
+
+def below(children: dict[int, list[int]], pid: int) -> set[int]:
+    """``pid`` and every process below it in ``children`` (a :func:`process_tree`)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo.extend(children.get(p, ()))
+    return found
 
 
 def _client_inode(client_port: int, server_port: int) -> int | None:
@@ -81,7 +91,11 @@ class ConnectionGate:
                 client, (_host, port) = self._listener.accept()
             except OSError:
                 return
-            self._owner(self._find(port))
+            try:
+                pid = self._find(port)
+            except OSError:  # /proc changed under the walk: the owner is not known
+                pid = None
+            self._owner(pid)
             try:
                 server = socket.create_connection(self._upstream, timeout=10)
             except OSError:
