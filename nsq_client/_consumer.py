@@ -12,7 +12,6 @@ from contextvars import ContextVar
 from typing import Any, Unpack
 
 from nsq_proto import (
-    REQUEUE_GRACE,
     ConfigError,
     ConnectionClosed,
     ConsumerConfig,
@@ -160,8 +159,9 @@ class Consumer(ClientBase):
             now = backend.current_time()
             self._core.stop(now, requeue_unanswered=True)
             self._requeue_inbox(now)
-            # the core closes every connection within REQUEUE_GRACE: this bound is a backstop
-            with backend.cancel_scope(deadline=now + REQUEUE_GRACE + 5.0):
+            # the core closes every connection within stop_timeout (within REQUEUE_GRACE of
+            # the last byte nsqd sent): this bound is a backstop
+            with backend.cancel_scope(deadline=now + self.config.stop_timeout + 5.0):
                 async with backend.task_group() as tg:
                     self._runner.resume(tg)
                     await self._stopped.wait()

@@ -277,6 +277,8 @@ class Consumer:
 
     def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
         self._now = now
+        if self._life is REQUEUEING:
+            self._stop.heard(now)  # nsqd still sends: its CLOSE_WAIT will come
         self._table.receive_data(conn_id, data, now)
 
     def connection_lost(
@@ -623,7 +625,8 @@ class Consumer:
         With ``requeue_unanswered`` (the application can answer nothing more, e.g. it was
         cancelled) every unanswered message is requeued at once, and so is every message that
         still arrives; each connection closes once nsqd confirmed the CLS (CLOSE_WAIT: it sends
-        nothing more), at the latest after :data:`REQUEUE_GRACE` seconds."""
+        nothing more), or once no connection sent a byte for :data:`REQUEUE_GRACE` seconds, at
+        the latest ``stop_timeout`` after the stop began."""
         self._now = now
         if not is_stopping(self._life):
             self._life = after_stop(self._life, False)

@@ -5,8 +5,11 @@
 answered what it holds of it.  A connection not subscribed yet closes at once.  With
 ``requeue_unanswered`` (the application can answer nothing more) what it holds is requeued at
 once, and so is what still arrives, and each connection closes once nsqd confirmed its CLS; at
-``stop_timeout`` (:data:`REQUEUE_GRACE` at most when requeueing) what is left is requeued and
-every connection closes.
+``stop_timeout`` what is left is requeued and every connection closes.  When requeueing, the
+stop also ends once no connection sent a byte for :data:`REQUEUE_GRACE`: nsqd is gone or
+stuck, not just slow (its CLOSE_WAIT may come after messages it sent before reading the CLS,
+across a long round trip or from a busy machine, and each of those is requeued as it arrives
+rather than left in flight at nsqd until ``msg_timeout``).
 
 :class:`StopProcedure` decides, per connection, from the stop's step (:class:`Step`), the
 connection's state and how many messages the application holds of it, what to do now
@@ -17,6 +20,7 @@ decisions out and reports ``Stopped`` once every connection is closed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -34,8 +38,9 @@ __all__ = [
     "left_to_answer",
 ]
 
-#: the longest a consumer that can answer nothing more (cancelled) waits for nsqd to confirm
-#: its CLS, requeueing what still arrives, before it closes its connections anyway
+#: how long a consumer that can answer nothing more (cancelled) waits for nsqd to confirm its
+#: CLS, requeueing what still arrives, after the last byte any connection sent (within
+#: ``stop_timeout``), before it closes its connections anyway
 REQUEUE_GRACE: Final = 1.0
 
 _STOP_TIMEOUT: Final = (TimerKind.STOP_TIMEOUT, None)
@@ -92,22 +97,39 @@ def left_to_answer(state: ConnectionState, held: Sequence[bytes]) -> Sequence[by
 class StopProcedure:
     """The stop of one consumer (see the module's docstring)."""
 
-    __slots__ = ("_stop_timeout", "_timers")
+    __slots__ = ("_hurried", "_limit", "_stop_timeout", "_timers")
 
     def __init__(self, timers: Timers, stop_timeout: float) -> None:
         self._timers = timers
         self._stop_timeout = stop_timeout
+        #: when the stop gives up waiting whatever comes (``stop_timeout`` after it began)
+        self._limit = math.inf
+        self._hurried = False
 
     def begin(self, now: float) -> None:
         """``stop()`` at ``now``: the stop gives up waiting at ``now + stop_timeout``."""
-        self._timers.set(_STOP_TIMEOUT, now + self._stop_timeout)
+        self._limit = now + self._stop_timeout
+        self._timers.set(_STOP_TIMEOUT, self._limit)
 
     def hurry(self, now: float) -> None:
-        """``requeue_unanswered`` at ``now``: the stop waits :data:`REQUEUE_GRACE` at most
-        from now (never longer than it already would)."""
-        deadline = now + min(self._stop_timeout, REQUEUE_GRACE)
+        """``requeue_unanswered`` at ``now``: the stop waits :data:`REQUEUE_GRACE` from now
+        (never longer than it already would), and as much again after each byte nsqd sends
+        (:meth:`heard`), until ``stop_timeout``."""
+        self._hurried = True
+        self._limit = min(self._limit, now + self._stop_timeout)
+        deadline = min(now + REQUEUE_GRACE, self._limit)
         current = self._timers.deadline(_STOP_TIMEOUT)
         if current is None or deadline < current:
+            self._timers.set(_STOP_TIMEOUT, deadline)
+
+    def heard(self, now: float) -> None:
+        """A connection sent bytes at ``now``: a hurried stop waits :data:`REQUEUE_GRACE` from
+        now (nsqd is still sending; its CLOSE_WAIT will come), within ``stop_timeout``."""
+        if not self._hurried:
+            return
+        current = self._timers.deadline(_STOP_TIMEOUT)
+        deadline = min(now + REQUEUE_GRACE, self._limit)
+        if current is not None and deadline > current:
             self._timers.set(_STOP_TIMEOUT, deadline)
 
     def done(self) -> None:

@@ -347,6 +347,56 @@ async def test_a_round_trip_delay(
     assert len(proxy.connections) == 2  # one each, never replaced
 
 
+async def test_a_cancelled_consumer_reads_on_while_nsqd_still_sends_across_a_slow_path(
+    nsqd: Nsqd, lib: ModuleType, way: tuple[str, str], topic: str
+) -> None:
+    """750 ms each way, messages arriving steadily (one handler of 5 ms at a time), and the
+    consumer's block cancelled: nsqd reads the CLS 750 ms later and its CLOSE_WAIT comes back
+    after 1.5 s, more than REQUEUE_GRACE, while what it sent meanwhile keeps arriving.  The
+    consumer reads on as long as bytes come, requeueing each message, so that once the block
+    is left nsqd holds nothing in flight for it (not until msg_timeout) and every message not
+    finished is queued again."""
+    count = 3000
+    await publish_direct(lib, nsqd.tcp_address, topic, [b"%d" % i for i in range(count)])
+    finished: set[bytes] = set()
+
+    async def handler(message: Any) -> None:
+        await anyio.sleep(0.005)
+        finished.add(message.body)
+
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        proxy.delay(0.75)
+        with anyio.CancelScope() as outer:
+            async with lib.Consumer(
+                topic, "c", nsqd_tcp_addresses=[proxy.address], max_in_flight=400
+            ) as consumer:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consumer.run, handler, 1)
+                    # a round trip and a half of steady flow (FINs, then what they freed)
+                    await until(lambda: len(finished) >= 300)
+                    cancelled = now()
+                    outer.cancel()
+                    await anyio.sleep_forever()
+        stop_s = now() - cancelled
+
+        def settled() -> bool:
+            c = nsqd.channel(topic, "c")
+            return c is not None and c["in_flight_count"] == 0
+
+        quiet = await eventually(settled, SLACK)
+        channel = nsqd.channel(topic, "c")
+    report(
+        f"real nsqd: cancelled across 1.5 s round trip [{way[0]}/{way[1]}]",
+        stop_s=stop_s,
+        in_flight_after=channel and channel["in_flight_count"],
+    )
+    assert channel is not None
+    assert quiet, f"{channel['in_flight_count']} messages left in flight at nsqd"
+    assert channel["depth"] == count - len(finished)
+    # it waited for the CLOSE_WAIT (a round trip), not for the stop timeout
+    assert 1.5 <= stop_s < 1.5 + SLACK
+
+
 # ---------------------------------------------------------------------------------- trickle
 
 

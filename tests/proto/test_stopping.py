@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from nsq_proto import ConnectionClosed, Consumer, Stopped
+from nsq_proto._outputs import Close
 from nsq_proto._state import CAN_ANSWER, CAN_RDY, CLOSING_STATES, ConnectionState
 from nsq_proto._stopping import (
     REQUEUE_GRACE,
@@ -87,6 +88,49 @@ def test_the_deadline_is_the_stop_timeout_shortened_by_a_requeue() -> None:
     short = StopProcedure(timers, stop_timeout=0.25)
     short.hurry(1.0)  # a requeue before any stop: the stop timeout if shorter than the grace
     assert timers.deadline(STOP_TIMEOUT) == 1.25
+
+
+def test_a_requeueing_stop_waits_the_grace_after_each_byte_within_the_stop_timeout() -> None:
+    timers = Timers()
+    stop = StopProcedure(timers, stop_timeout=3.0)
+    stop.begin(10.0)
+    stop.heard(10.5)  # a graceful stop waits for the application, not for bytes
+    assert timers.deadline(STOP_TIMEOUT) == 13.0
+    stop.hurry(11.0)
+    assert timers.deadline(STOP_TIMEOUT) == 11.0 + REQUEUE_GRACE
+    stop.heard(11.5)  # nsqd still sends: its CLOSE_WAIT will come
+    assert timers.deadline(STOP_TIMEOUT) == 11.5 + REQUEUE_GRACE
+    stop.heard(11.2)  # never earlier than it already is
+    assert timers.deadline(STOP_TIMEOUT) == 11.5 + REQUEUE_GRACE
+    stop.heard(12.8)  # never past stop_timeout after the stop began
+    assert timers.deadline(STOP_TIMEOUT) == 13.0
+    stop.done()
+    stop.heard(12.9)  # nothing to wait for any more
+    assert timers.next_deadline() is None
+    late = StopProcedure(timers, stop_timeout=3.0)
+    late.hurry(20.0)  # a requeue before any stop: stop_timeout from then
+    late.heard(22.5)
+    assert timers.deadline(STOP_TIMEOUT) == 23.0
+
+
+def test_a_requeueing_stop_reads_on_while_nsqd_sends_and_closes_on_its_silence() -> None:
+    core, conn = held_one(stop_timeout=30.0)
+    core.stop(2.0, requeue_unanswered=True)
+    core.outputs()
+    # what nsqd sent before it read the CLS keeps coming, each piece within the grace
+    t = 2.0
+    for k in range(2, 6):
+        t += REQUEUE_GRACE * 0.9
+        core.handle_timer(t)
+        assert not core.stopped
+        core.receive_data(conn, message(mid(k), b"x"), t)
+        assert sent_on(core.outputs(), conn) == b"REQ " + mid(k) + b" 0\n"
+    assert core.next_deadline() == pytest.approx(t + REQUEUE_GRACE)
+    # then nothing, not even the CLOSE_WAIT: closed after the grace
+    core.handle_timer(t + REQUEUE_GRACE)
+    outputs = core.outputs()
+    assert [o.reason for o in of_type(outputs, Close)] == ["stop timeout"]
+    assert of_type(outputs, Stopped) == [Stopped()] and core.messages_requeued == 5
 
 
 def held_one(**config: Any) -> tuple[Consumer, int]:
