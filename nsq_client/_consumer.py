@@ -98,9 +98,11 @@ class Consumer(ClientBase):
         )
         self.topic = topic
         self.channel = channel
-        #: FINs given since the runner's last pass, handed to the core then in one call
-        #: (:meth:`_take_answers`): the core's books, RDY and FIN bytes per read, not per message
-        self._answers: list[tuple[int, bytes, int]] = []
+        #: the origins (connections) whose messages were FINished since the runner's last
+        #: pass, each holding its answered messages, handed to the core then in one call a
+        #: connection (:meth:`_take_answers`): the core's books, RDY and FIN bytes per read,
+        #: not per message; the same list all along (each origin holds it too)
+        self._answering: list[_Origin] = []
         self._drive(
             self._core, self._on_event, self.config.write_timeout, before_output=self._take_answers
         )
@@ -311,18 +313,21 @@ class Consumer(ClientBase):
         is held, so no other answer will come to share the write (with ``max_in_flight=1`` the
         next message waits for this FIN).  Otherwise the FIN waits for the runner's next pass,
         which hands every answer given meanwhile to the core at once."""
-        conn_id = message._origin.conn_id
-        answers = self._answers
-        # messages wait in the inbox, or the connection holds more than was answered (more
-        # than was answered in all, if several connections were): another answer will come
+        origin = message._origin
+        conn_id = origin.conn_id
+        answers = origin.answers
+        # messages wait in the inbox, or the connection holds more than was answered: another
+        # answer will come
         if self._inbox.items or self._core.in_flight_count(conn_id) > len(answers) + 1:
-            answers.append((conn_id, message.id, message.attempts))
+            if not answers:
+                self._answering.append(origin)
+            answers.append(message)
             runner = self._runner
             if not runner._woken:  # (wake's own test, without the call on every answer)
                 runner.wake()
             return False
         if answers:
-            answers.append((conn_id, message.id, message.attempts))
+            answers.append(message)
             self._take_answers()
         else:  # the lone answer (one in flight): straight to the core
             self._core.finish(conn_id, message.id, self._clock(), attempts=message.attempts)
@@ -342,14 +347,23 @@ class Consumer(ClientBase):
         """Hand the FINs given since the last call to the core: one call, one write and one
         RDY decision per connection.  Called before the core's state is read or changed
         otherwise (the runner's passes, a REQ, a TOUCH, a stop, the stats)."""
-        answers = self._answers
-        if answers:
+        answering = self._answering
+        if answering:
+            core = self._core
+            now = self._clock()
             try:
-                self._core.finish_many(answers, self._clock())
-            except LocalProtocolError as exc:  # the core requeued it meanwhile (a stop's)
-                log.warning("a FIN was not sent: %s", exc)
+                for origin in answering:
+                    answers = origin.answers
+                    try:
+                        core.finish_messages(origin.conn_id, answers, now)
+                    except LocalProtocolError as exc:  # requeued meanwhile (a stop's)
+                        log.warning("a FIN was not sent: %s", exc)
+                    finally:
+                        answers.clear()  # (the same list: the origin's messages hold it)
             finally:
-                answers.clear()  # the same list (the origins hold it): emptied, not replaced
+                for origin in answering:  # (only after a failure of the core: none left)
+                    origin.answers.clear()
+                answering.clear()  # the same list (the origins hold it): emptied
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> bool:
         """REQ; True when it should be written at once (as :meth:`_finish` says)."""
@@ -465,7 +479,7 @@ class Consumer(ClientBase):
         inbox = self._inbox
         items = inbox.items
         runner = self._runner
-        answers = self._answers  # (emptied by each pass, never replaced)
+        answering = self._answering  # (emptied by each pass, never replaced)
         while True:
             # inbox.take(), inline: the next message without a checkpoint while one waits
             inbox._taken = taken = inbox._taken + 1
@@ -500,7 +514,11 @@ class Consumer(ClientBase):
                     if items:
                         # _finish's first case, inline: more wait, so another answer will
                         # share the write; the runner's next pass hands them over
-                        answers.append((message._origin.conn_id, message.id, message.attempts))
+                        origin = message._origin
+                        answers = origin.answers
+                        if not answers:
+                            answering.append(origin)
+                        answers.append(message)
                         if not runner._woken:
                             runner.wake()
                     elif self._finish(message):

@@ -25,9 +25,10 @@ class _Answers(Protocol):
 
     _runner: CoreRunner
     _inbox: _Inbox
-    #: FINs given since the runner's last pass: (connection, message id, attempts); the
-    #: same list all along (emptied, never replaced: each origin holds it too)
-    _answers: list[tuple[int, bytes, int]]
+    #: the origins whose messages were FINished since the runner's last pass (each keeps
+    #: them in its ``answers``); the same list all along (emptied, never replaced: each
+    #: origin holds it too)
+    _answering: list[_Origin]
 
     def _finish(self, message: Message) -> bool: ...
 
@@ -46,7 +47,16 @@ CHECKPOINT_EVERY = 1024
 class _Origin:
     """Where messages came from: one per connection, shared by its messages."""
 
-    __slots__ = ("answers", "conn_id", "consumer", "items", "nsqd_address", "partition", "runner")
+    __slots__ = (
+        "answering",
+        "answers",
+        "conn_id",
+        "consumer",
+        "items",
+        "nsqd_address",
+        "partition",
+        "runner",
+    )
 
     def __init__(
         self, consumer: _Answers, conn_id: int, nsqd_address: str, partition: int | None
@@ -57,7 +67,10 @@ class _Origin:
         self.partition = partition
         # what ``finish`` reads of the consumer, one hop nearer (none of them is replaced)
         self.items = consumer._inbox.items
-        self.answers = consumer._answers
+        self.answering = consumer._answering
+        #: its messages FINished since the runner's last pass (it is in ``answering`` while
+        #: this is not empty)
+        self.answers: list[Message] = []
         self.runner = consumer._runner
 
 
@@ -155,7 +168,10 @@ class Message(CoreMessage):
         if origin.items:
             # the consumer's _finish, its first case inline: more messages wait, so another
             # answer will share the write; the runner's next pass hands them over
-            origin.answers.append((origin.conn_id, self.id, self.attempts))
+            answers = origin.answers
+            if not answers:
+                origin.answering.append(origin)
+            answers.append(self)
             runner = origin.runner
             if not runner._woken:
                 runner.wake()

@@ -25,6 +25,7 @@ from ._config import ConfigError, ConsumerConfig, parse_client_addresses
 from ._connection import Connection
 from ._core import ConnectionTable, ReconnectScheduler, parse_address
 from ._discovery import Discovery
+from ._errors import LocalProtocolError
 from ._events import (
     CloseWaitReceived,
     ConnectionClosed,
@@ -528,6 +529,45 @@ class Consumer:
         if bulk.error is not None:
             raise bulk.error
         return bulk.sent
+
+    def finish_messages(self, conn_id: ConnId, messages: Sequence[Message], now: float) -> int:
+        """FIN each of ``messages``, the message objects connection ``conn_id`` delivered (as
+        its :class:`MessagesReceived` carried them), as :meth:`finish_many` would, with one
+        write and one RDY decision: for a driver that keeps the answered messages of each
+        connection rather than an ``(conn_id, msg_id, attempts)`` tuple each.  Returns how
+        many FINs were sent (0 when the connection is gone: nsqd will redeliver them).  A
+        message that is not in flight raises :class:`LocalProtocolError`, after the others
+        were finished."""
+        rec = self._conns.get(conn_id)
+        if rec is None:
+            self._now = now
+            return 0
+        in_flight = rec.in_flight
+        if rec.ordered or in_flight.copies:  # each in its turn, as finish_many does them
+            return self.finish_many([(conn_id, m.id, m.attempts) for m in messages], now)
+        self._now = now
+        held = in_flight.held
+        ids: list[bytes] = []
+        fresh = False
+        error: LocalProtocolError | None = None
+        for answered in messages:
+            msg_id = answered.id
+            message = held.pop(msg_id, None)
+            if message is None:
+                error = error or not_in_flight(msg_id, conn_id)
+                continue
+            ids.append(msg_id)
+            if not fresh:
+                fresh = message is answered or answered.attempts >= message.attempts
+        if ids:
+            rec.conn.finish_many_delivered(ids)  # ids its book held: checked when read
+            self.messages_finished += len(ids)
+            if fresh:
+                self._rdy.success(now)
+            self._after_answer(rec, now)
+        if error is not None:
+            raise error
+        return len(ids)
 
     def requeue(
         self,

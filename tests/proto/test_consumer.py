@@ -986,6 +986,62 @@ def test_finish_many_is_each_finish_in_turn_with_one_write_per_connection(
     assert runs[0] == runs[1]
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 7), st.integers(1, 3)), max_size=30),
+    st.data(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_finish_messages_is_finish_many_of_their_answers(
+    deliveries: list[tuple[int, int, int]], data: st.DataObject, lose_one: bool, failure: bool
+) -> None:
+    """The message objects a connection delivered, answered through ``finish_messages`` (in
+    any order, some twice, some of another connection or never delivered, on a connection
+    that is gone, delivered again while held, in backoff or not): the books, the counters,
+    the backoff, the bytes and the error are those of ``finish_many`` of the same answers as
+    ``(conn_id, msg_id, attempts)``, one connection after the other."""
+    picks = data.draw(st.lists(st.integers(0, 40), max_size=40), label="answers")
+    runs = []
+    for objects in (False, True):
+        core, conns = start(3, batches=True, max_in_flight=30)
+        got: list[tuple[int, Message]] = []
+        for c, i, a in deliveries:
+            core.receive_data(conns[c], message(mid(i), b"m", attempts=a), 0.5)
+            for o in core.outputs():
+                if isinstance(o, MessagesReceived):
+                    got += [(o.conn_id, m) for m in o.messages]
+        if lose_one:
+            core.connection_lost(conns[2], 0.7)
+        assert len(got) == len(deliveries)
+        if got and failure:  # in backoff (its window over): the answers that count are successes
+            core.requeue(got[0][0], got[0][1].id, 0.8, backoff=True)
+            core.handle_timer(5.0)
+        core.outputs()
+        strangers = [
+            (conns[0], Message(mid(9), 0, 1, b"s")),  # never delivered
+            (conns[1], Message(mid(1), 0, 3, b"s")),  # another object of an id it may hold
+        ]
+        pool = got + strangers
+        answers = [pool[k % len(pool)] for k in picks]
+        order = list(dict.fromkeys(c for c, _ in answers))
+        failed = False
+        for conn_id in order:
+            mine = [m for c, m in answers if c == conn_id]
+            try:
+                if objects:
+                    core.finish_messages(conn_id, mine, 5.0)
+                else:
+                    core.finish_many([(conn_id, m.id, m.attempts) for m in mine], 5.0)
+            except LocalProtocolError:
+                failed = True
+        held = [[(m.id, m.attempts) for m in core.in_flight(c)] for c in conns]
+        wire = sends(core.outputs())
+        state = (core.messages_finished, core.backoff_level, rdy_of(core), core.next_deadline())
+        runs.append((failed, wire, held, state))
+    assert runs[0] == runs[1]
+
+
 class _AppMessage(Message):
     __slots__ = ()
 

@@ -23,7 +23,7 @@ class _NoConsumer:
 
     def __init__(self) -> None:
         self._inbox = types.SimpleNamespace(items=collections.deque())
-        self._answers: list[object] = []
+        self._answering: list[object] = []
         self._runner = None
 
 
@@ -84,7 +84,7 @@ def test_a_tasks_rows_are_built_without_importing_pandas() -> None:
 
         def stand_in(core, nsqd, partition):
             consumer = types.SimpleNamespace(
-                _inbox=types.SimpleNamespace(items=collections.deque()), _answers=[], _runner=None
+                _inbox=types.SimpleNamespace(items=collections.deque()), _answering=[], _runner=None
             )
             return Message._of(_Origin(consumer, 1, nsqd, partition), core)
 
