@@ -25,7 +25,6 @@ from ._config import ConfigError, ConsumerConfig, parse_client_addresses
 from ._connection import Connection
 from ._core import ConnectionTable, ReconnectScheduler, parse_address
 from ._discovery import Discovery
-from ._errors import LocalProtocolError
 from ._events import (
     CloseWaitReceived,
     ConnectionClosed,
@@ -36,7 +35,15 @@ from ._events import (
     Stopped,
 )
 from ._features import DEFAULT_MAX_RDY_COUNT
-from ._in_flight import Answer, InFlight, newest_many, not_in_flight, take_many
+from ._in_flight import (
+    Answer,
+    Bulk,
+    InFlight,
+    newest_many,
+    not_in_flight,
+    take_delivered,
+    take_many,
+)
 from ._intake import Intake
 from ._lifecycle import (
     NEW,
@@ -278,8 +285,7 @@ class Consumer:
 
     def receive_data(self, conn_id: ConnId, data: bytes, now: float) -> None:
         self._now = now
-        if self._life is REQUEUEING:
-            self._stop.heard(now)  # nsqd still sends: its CLOSE_WAIT will come
+        self._stop.heard(now)  # (a requeueing stop: nsqd still sends, its CLOSE_WAIT will come)
         self._table.receive_data(conn_id, data, now)
 
     def connection_lost(
@@ -516,8 +522,11 @@ class Consumer:
         and one RDY decision per connection.  Returns how many FINs were sent: messages of a
         connection that is gone are skipped (nsqd will redeliver them).  A message that is
         not in flight raises :class:`LocalProtocolError`, after the others were finished."""
-        self._now = now
         bulk = take_many(self._conns, messages, lambda c, m, a: self.finish(c, m, now, attempts=a))
+        return self._finish_bulk(bulk, now)
+
+    def _finish_bulk(self, bulk: Bulk[_Conn], now: float) -> int:
+        self._now = now
         groups = bulk.groups.values()
         for rec, ids in groups:
             rec.conn.finish_many_delivered(ids)  # ids its book held: checked when read
@@ -531,43 +540,10 @@ class Consumer:
         return bulk.sent
 
     def finish_messages(self, conn_id: ConnId, messages: Sequence[Message], now: float) -> int:
-        """FIN each of ``messages``, the message objects connection ``conn_id`` delivered (as
-        its :class:`MessagesReceived` carried them), as :meth:`finish_many` would, with one
-        write and one RDY decision: for a driver that keeps the answered messages of each
-        connection rather than an ``(conn_id, msg_id, attempts)`` tuple each.  Returns how
-        many FINs were sent (0 when the connection is gone: nsqd will redeliver them).  A
-        message that is not in flight raises :class:`LocalProtocolError`, after the others
-        were finished."""
-        rec = self._conns.get(conn_id)
-        if rec is None:
-            self._now = now
-            return 0
-        in_flight = rec.in_flight
-        if rec.ordered or in_flight.copies:  # each in its turn, as finish_many does them
-            return self.finish_many([(conn_id, m.id, m.attempts) for m in messages], now)
-        self._now = now
-        held = in_flight.held
-        ids: list[bytes] = []
-        fresh = False
-        error: LocalProtocolError | None = None
-        for answered in messages:
-            msg_id = answered.id
-            message = held.pop(msg_id, None)
-            if message is None:
-                error = error or not_in_flight(msg_id, conn_id)
-                continue
-            ids.append(msg_id)
-            if not fresh:
-                fresh = message is answered or answered.attempts >= message.attempts
-        if ids:
-            rec.conn.finish_many_delivered(ids)  # ids its book held: checked when read
-            self.messages_finished += len(ids)
-            if fresh:
-                self._rdy.success(now)
-            self._after_answer(rec, now)
-        if error is not None:
-            raise error
-        return len(ids)
+        """:meth:`finish_many` of the message objects connection ``conn_id`` delivered (as its
+        :class:`MessagesReceived` carried them), without a tuple each."""
+        bulk = take_delivered(self._conns.get(conn_id), conn_id, messages, self.finish, now)
+        return self._finish_bulk(bulk, now)
 
     def requeue(
         self,
@@ -664,9 +640,8 @@ class Consumer:
         answered their in-flight messages (or after ``stop_timeout``, which requeues them).
         With ``requeue_unanswered`` (the application can answer nothing more, e.g. it was
         cancelled) every unanswered message is requeued at once, and so is every message that
-        still arrives; each connection closes once nsqd confirmed the CLS (CLOSE_WAIT: it sends
-        nothing more), or once no connection sent a byte for :data:`REQUEUE_GRACE` seconds, at
-        the latest ``stop_timeout`` after the stop began."""
+        still arrives; each connection closes once nsqd confirmed the CLS (CLOSE_WAIT), or once
+        none sent a byte for :data:`REQUEUE_GRACE` seconds (within ``stop_timeout``)."""
         self._now = now
         if not is_stopping(self._life):
             self._life = after_stop(self._life, False)

@@ -205,6 +205,47 @@ def take_many(
     return bulk
 
 
+def take_delivered(
+    rec: R | None,
+    conn_id: ConnId,
+    messages: Iterable[Message],
+    finish: Callable[..., bool],
+    now: float,
+) -> Bulk[R]:
+    """FIN grouping of message objects connection ``conn_id`` (of record ``rec``; None: it is
+    gone, nothing is sent) delivered: each taken off its book, in one group, or, when the
+    connection is ordered or its book holds a repeated delivery, given to the consumer's
+    ``finish(conn_id, msg_id, now, attempts=...)`` (which says whether it sent one) in its
+    turn.  A message not held is the error, and the others go on."""
+    bulk: Bulk[R] = Bulk()
+    if rec is None:
+        return bulk
+    if rec.ordered or rec.in_flight.copies:
+        for answered in messages:
+            try:
+                bulk.sent += finish(conn_id, answered.id, now, attempts=answered.attempts)
+            except LocalProtocolError as exc:
+                bulk.error = bulk.error or exc
+        return bulk
+    held = rec.in_flight.held
+    ids: list[bytes] = []
+    fresh = False
+    for answered in messages:
+        msg_id = answered.id
+        message = held.pop(msg_id, None)
+        if message is None:
+            bulk.error = bulk.error or not_in_flight(msg_id, conn_id)
+            continue
+        ids.append(msg_id)
+        if not fresh:
+            fresh = message is answered or answered.attempts >= message.attempts
+    if ids:
+        bulk.groups[conn_id] = (rec, ids)
+    bulk.fresh = fresh
+    bulk.sent = len(ids)
+    return bulk
+
+
 def newest_many(records: Mapping[ConnId, R], answers: Iterable[Answer]) -> Bulk[R]:
     """TOUCH grouping: each answer of a message held, grouped per connection, skipping those
     on a connection that is gone and older copies' (the newer delivery is the application's);

@@ -1042,6 +1042,28 @@ def test_finish_messages_is_finish_many_of_their_answers(
     assert runs[0] == runs[1]
 
 
+def test_finish_messages_takes_an_equal_message_as_the_delivery_finish_many_would() -> None:
+    """Another object with a held id and attempts (an application's copy of the message) is
+    answered as the delivery itself: FINished, and a success that ends a backoff's test of the
+    waters, as ``finish_many`` of its ``(conn_id, msg_id, attempts)`` does."""
+    runs = []
+    for objects in (False, True):
+        core, (c,) = start(1, batches=True, max_in_flight=5)
+        core.receive_data(c, message(mid(1), b"a") + message(mid(2), b"b"), 0.0)
+        core.outputs()
+        core.requeue(c, mid(1), 0.5, backoff=True)
+        core.handle_timer(5.0)  # the window over: RDY 1 tests the waters
+        core.outputs()
+        copy = Message(mid(2), 0, 1, b"b")
+        if objects:
+            assert core.finish_messages(c, [copy], 6.0) == 1
+        else:
+            assert core.finish_many([(c, mid(2), 1)], 6.0) == 1
+        runs.append((sends(core.outputs()), core.backoff_level, rdy_of(core), core.in_flight(c)))
+    assert runs[0] == runs[1]
+    assert runs[1][1] == 0  # the success ended the backoff
+
+
 class _AppMessage(Message):
     __slots__ = ()
 
