@@ -99,8 +99,8 @@ class Consumer(ClientBase):
         self.topic = topic
         self.channel = channel
         #: the origins (connections) whose messages were FINished since the runner's last
-        #: pass, each holding its answered messages, handed to the core then in one call a
-        #: connection (:meth:`_take_answers`): the core's books, RDY and FIN bytes per read,
+        #: pass, each holding its answered messages; the pass hands each origin's to the core
+        #: in one call (:meth:`_take_answers`): the core's books, RDY and FIN bytes per read,
         #: not per message; the same list all along (each origin holds it too)
         self._answering: list[_Origin] = []
         self._drive(

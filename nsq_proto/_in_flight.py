@@ -130,6 +130,14 @@ class Booked(Protocol):
 R = TypeVar("R", bound=Booked)
 
 
+class FinishOne(Protocol):
+    """The consumer's ``finish``: one FIN, in its turn; whether it sent one."""
+
+    def __call__(
+        self, conn_id: ConnId, msg_id: bytes, now: float, *, attempts: int | None = None
+    ) -> bool: ...
+
+
 class Bulk(Generic[R]):
     """The answers of a bulk call, grouped: per connection (in the order first named) its
     record and the ids to write in one command; how many answers are sent (grouped and one by
@@ -209,7 +217,7 @@ def take_delivered(
     rec: R | None,
     conn_id: ConnId,
     messages: Iterable[Message],
-    finish: Callable[..., bool],
+    finish: FinishOne,
     now: float,
 ) -> Bulk[R]:
     """FIN grouping of message objects connection ``conn_id`` (of record ``rec``; None: it is
