@@ -63,7 +63,9 @@ from ._message import (
     STANDARD_LAYOUT,
     Message,
     MessageLayout,
+    builds_by_fields,
     decode_message,
+    standard_message,
 )
 from ._outputs import Close, Output, Send, StartTLS
 from ._state import (
@@ -171,6 +173,8 @@ class Connection:
         self.conn_id = conn_id
         self._batches = message_batches
         self._message_class = message_class
+        #: a subclass built by :func:`standard_message` (it keeps Message's constructor)
+        self._message_by_fields = message_class is not Message and builds_by_fields(message_class)
         #: (message_batches) the list of the read's latest MessagesReceived, while it grows
         self._run: list[Message] | None = None
         #: the nsqd it connects to, named in errors (None: unknown)
@@ -704,6 +708,7 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
     batch = conn._run  # (batches) this read's messages since its last other frame
     cls = conn._message_class
     native = cls is Message  # then built directly (compiled: no call through an object)
+    by_fields = conn._message_by_fields
     n = len(buf)
     size: int  # declared: the compiled build then compares machine ints, not objects
     frame_type: int
@@ -730,6 +735,12 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
                 if native:
                     batch.append(
                         Message(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])
+                    )
+                elif by_fields:
+                    batch.append(
+                        standard_message(
+                            cls, buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
+                        )
                     )
                 else:
                     batch.append(
@@ -759,6 +770,10 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
             elif native:  # decode_message's standard case, inline (once per message)
                 message = Message(
                     buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
+                )
+            elif by_fields:
+                message = standard_message(
+                    cls, buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
                 )
             else:
                 message = cls(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])

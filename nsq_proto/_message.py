@@ -103,6 +103,30 @@ class Message:
 M = TypeVar("M", bound=Message)
 
 
+def builds_by_fields(cls: type[Message]) -> bool:
+    """Whether :func:`standard_message` may build a ``cls``: a subclass that keeps
+    :class:`Message`'s ``__new__`` and ``__init__`` (``nsq_client.Message`` does)."""
+    return cls.__init__ is Message.__init__ and cls.__new__ is Message.__new__
+
+
+def standard_message(cls: type[M], id: bytes, timestamp: int, attempts: int, body: bytes) -> M:
+    """``cls(id, timestamp, attempts, body)`` for a ``cls`` that :func:`builds_by_fields`,
+    built field by field: compiled, this skips the generic parsing of the arguments of a call
+    to a Python subclass (a client's message class)."""
+    message = cls.__new__(cls)
+    message.id = id
+    message.timestamp = timestamp
+    message.attempts = attempts
+    message.body = body
+    message.trace_id = None
+    message.internal_id = None
+    message.ext_version = None
+    message.ext_data = None
+    message.queue_offset = None
+    message.raw_size = None
+    return message
+
+
 @overload
 def decode_message(data: bytes, layout: MessageLayout = STANDARD_LAYOUT) -> Message: ...
 

@@ -844,12 +844,73 @@ def test_a_message_class_given_is_what_the_connection_builds(batches: bool) -> N
     (m,) = got
     assert isinstance(m, _AppMessage)
     assert (m.id, m.body, m.attempts, m.timestamp, m.trace_id) == (mid(1), b"a", 3, 9, None)
+    # built field by field (the subclass keeps the core's constructor): every field is set
+    assert (m.internal_id, m.ext_version, m.ext_data, m.queue_offset, m.raw_size) == (None,) * 5
     m.seen = True  # the subclass's own slot
     # without a class, the core's own
     plain = subscribed_connection()
     plain.receive_data(message(mid(2), b"b"), 0.0)
     (event,) = of_type(plain.outputs(), MessageReceived)
     assert type(event.message) is Message
+
+
+class _InitMessage(Message):
+    """A client's message class with a constructor of its own."""
+
+    __slots__ = ("built",)
+
+    built: int
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.built = len(args)
+
+
+class _NewMessage(Message):
+    """A client's message class with a ``__new__`` of its own."""
+
+    __slots__ = ("made",)
+
+    made: bool
+
+    def __new__(cls, *args: Any) -> _NewMessage:
+        self = super().__new__(cls)
+        self.made = True
+        return self
+
+
+@pytest.mark.parametrize("batches", [False, True])
+@pytest.mark.parametrize("cls", [_InitMessage, _NewMessage])
+def test_a_message_class_with_its_own_constructor_is_built_by_calling_it(
+    batches: bool, cls: type[Message]
+) -> None:
+    conn = Connection(ConnectionConfig(), message_batches=batches, message_class=cls)
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(), 0.0)
+    conn.subscribe("t", "c")
+    conn.receive_data(response(b"OK"), 0.0)
+    # two in one read: with batches, the second joins the first's run (the frame loop's
+    # fast path), the first starts it
+    conn.receive_data(message(mid(1), b"a", timestamp=5) + message(mid(2), b"b"), 0.0)
+    got = [
+        m
+        for o in conn.outputs()
+        for m in (
+            o.messages
+            if isinstance(o, MessagesReceived)
+            else [o.message]
+            if isinstance(o, MessageReceived)
+            else []
+        )
+    ]
+    assert [(type(m), m.id, m.body) for m in got] == [(cls, mid(1), b"a"), (cls, mid(2), b"b")]
+    assert got[0].timestamp == 5
+    for m in got:
+        if isinstance(m, _InitMessage):
+            assert m.built == 4  # its __init__ ran, with the standard fields
+        else:
+            assert isinstance(m, _NewMessage) and m.made
+            assert m.trace_id is None and m.raw_size is None
 
 
 def test_a_message_class_given_is_built_for_the_partitioned_layout_too() -> None:
