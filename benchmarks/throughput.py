@@ -15,7 +15,11 @@ message.finish()`` with ``--style iterate``, else through a handler per message
 doing I/O would: with 100 handlers and 10 ms, the ideal is 100 / 0.01 s = 10,000 msgs/s).
 ``--rtt MS`` measures across a round trip: the client and the bare loop both go through a
 loopback proxy delaying every chunk MS / 2 ms each way (``rtt.py``; the topic of ``sub`` is
-filled straight).  The last line is ``pub_msgs_per_s=<float>`` or ``sub_msgs_per_s=<float>``.
+filled straight).  ``--rounds N`` runs it all N times, each client run beside its bare run,
+and prints each round, then the medians (the ratio's is the median of the rounds' ratios):
+on a 2-core machine nsqd and the client share the cores, and the pace of such a machine
+moves between runs of a few seconds.  The last line is ``pub_msgs_per_s=<float>`` or
+``sub_msgs_per_s=<float>`` (the median of the rounds).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import statistics
 import time
 import uuid
 from typing import Any
@@ -160,6 +165,13 @@ def main() -> None:
         metavar="N",
         help="pub: N tasks each publishing one message at a time instead of MPUB batches",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run N times (each on fresh topics, each client run beside its bare run) and "
+        "print the medians: the rates', and the ratio's of the rounds",
+    )
     rtt.add_option(parser)
     parser.add_argument("--backend", choices=["asyncio", "trio", "nsq_trio"], default="asyncio")
     parser.add_argument(
@@ -189,37 +201,70 @@ def main() -> None:
         backend = args.backend
     if args.publishers and args.mode != "pub":
         parser.error("--publishers is a mode of pub")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if not args.publishers and args.outstanding is None:
         args.outstanding = 8
     direct = args.nsqd_tcp_address
-    if args.mode == "sub":
-        # a fresh topic, filled beforehand (straight, not through --rtt's delay): the run
-        # measures consuming alone
-        args.topic = f"{args.topic}_{uuid.uuid4().hex[:8]}"
-        run_bare(bare.pub(direct, args.topic, args.count + 1000, args.size))
-    runner = pub if args.mode == "pub" else sub
-    with rtt.through(direct, args.rtt) as address:
-        args.nsqd_tcp_address = address
-        rate = anyio.run(runner, args, lib, backend=backend, backend_options=backend_options)
-        if args.bare:
+    topic = args.topic
+
+    def one_round() -> tuple[float, float | None]:
+        """The client's rate, and the bare loop's beside it (None without --bare)."""
+        args.nsqd_tcp_address = direct
+        args.topic = topic
+        if args.mode == "sub":
+            # a fresh topic, filled beforehand (straight, not through --rtt's delay): the
+            # run measures consuming alone
+            args.topic = f"{topic}_{uuid.uuid4().hex[:8]}"
+            run_bare(bare.pub(direct, args.topic, args.count + 1000, args.size))
+        runner = pub if args.mode == "pub" else sub
+        with rtt.through(direct, args.rtt) as address:
+            args.nsqd_tcp_address = address
+            rate = anyio.run(runner, args, lib, backend=backend, backend_options=backend_options)
+            if not args.bare:
+                return rate, None
             # the same work on topics of its own, through raw frames on asyncio streams
-            topic = f"{args.topic}_bare_{uuid.uuid4().hex[:8]}"
+            bare_topic = f"{args.topic}_bare_{uuid.uuid4().hex[:8]}"
             if args.mode == "pub" and args.publishers:
                 bare_rate = run_bare(
-                    bare.pub_singles(address, topic, args.count, args.size, args.publishers)
+                    bare.pub_singles(address, bare_topic, args.count, args.size, args.publishers)
                 )
             elif args.mode == "pub":
                 bare_rate = run_bare(
-                    bare.pub(address, topic, args.count, args.size, args.outstanding)
+                    bare.pub(address, bare_topic, args.count, args.size, args.outstanding)
                 )
             else:
-                run_bare(bare.pub(direct, topic, args.count + 1000, args.size))
-                bare_rate = run_bare(bare.sub(address, topic, "bench", args.count))
-            print(f"bare_{args.mode}_msgs_per_s={bare_rate:.1f} ratio={rate / bare_rate:.2f}")
+                run_bare(bare.pub(direct, bare_topic, args.count + 1000, args.size))
+                bare_rate = run_bare(bare.sub(address, bare_topic, "bench", args.count))
+            return rate, bare_rate
+
+    rates: list[float] = []
+    ratios: list[float] = []
+    bare_rates: list[float] = []
+    for i in range(args.rounds):
+        rate, bare_rate = one_round()
+        rates.append(rate)
+        if args.rounds > 1:
+            print(f"round {i + 1}: {args.mode}_msgs_per_s={rate:.1f}", end="")
+        if bare_rate is not None:
+            bare_rates.append(bare_rate)
+            ratios.append(rate / bare_rate)
+            if args.rounds > 1:
+                print(f" bare_{args.mode}_msgs_per_s={bare_rate:.1f} ratio={rate / bare_rate:.2f}")
+        elif args.rounds > 1:
+            print()
+    rate = statistics.median(rates)
+    if ratios:
+        # the median of each round's ratio: the client and the bare loop a few seconds apart
+        # in each, so that a change of the machine's pace between rounds weighs less
+        print(
+            f"bare_{args.mode}_msgs_per_s={statistics.median(bare_rates):.1f} "
+            f"ratio={statistics.median(ratios):.2f}"
+        )
     print(
         f"backend={args.backend} loop={args.loop} count={args.count} size={args.size} "
         f"style={args.style} concurrency={args.concurrency} handler_sleep={args.handler_sleep} "
-        f"publishers={args.publishers} rtt_ms={args.rtt}"
+        f"publishers={args.publishers} rtt_ms={args.rtt} rounds={args.rounds}"
     )
     print(f"{args.mode}_msgs_per_s={rate:.1f}")
 
