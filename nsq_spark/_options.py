@@ -29,7 +29,7 @@ __all__ = [
     "OptionError",
     "Option",
     "PerMode",
-    "Half",
+    "Share",
     "READ_MODES",
     "CONNECTION_OPTIONS",
     "SOURCE_OPTIONS",
@@ -53,10 +53,11 @@ _EXECUTORS = frozenset({"executors"})
 
 
 @dataclass(frozen=True)
-class Half:
-    """A default: half of another option's value (at least 1)."""
+class Share:
+    """A default: another option's value divided by ``by`` (at least 1)."""
 
     of: str
+    by: int = 2
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Option:
 
     name: str
     parse: Parser
-    #: the value when the option is not given: a value, ``Half`` of another option's, or
+    #: the value when the option is not given: a value, a ``Share`` of another option's, or
     #: ``PerMode``
     default: Any
     #: one line of documentation
@@ -165,7 +166,9 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
     Option(
         "max_bytes_per_trigger",
         parse.integer(1),
-        PerMode(executors=256 * 1024 * 1024, driver=Half("max_bytes_in_flight")),
+        # a driver reader's batch travels inside its task: the JVM holds several copies of it
+        # at once while it ships it (a 1 GB driver ran out of heap with 64 MiB batches)
+        PerMode(executors=256 * 1024 * 1024, driver=Share("max_bytes_in_flight", by=4)),
         "the largest micro-batch in bytes of message bodies",
     ),
     Option(
@@ -213,7 +216,7 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
     Option(
         "max_messages_per_trigger",
         parse.integer(1),
-        PerMode(executors=1_000_000, driver=Half("max_in_flight")),
+        PerMode(executors=1_000_000, driver=Share("max_in_flight")),
         "the largest micro-batch in messages",
     ),
     Option(
@@ -505,17 +508,17 @@ def _parse(table: Iterable[Option], given: _Given, kind: str) -> tuple[dict[str,
 
 def _defaults(table: Iterable[Option], values: dict[str, Any], mode: str) -> None:
     """Fill in the defaults of the options not given (those of ``mode`` where they differ)."""
-    halves: list[tuple[str, Half]] = []
+    shares: list[tuple[str, Share]] = []
     for option in table:
         if option.name in values:
             continue
         default = option.default_in(mode)
-        if isinstance(default, Half):
-            halves.append((option.name, default))
+        if isinstance(default, Share):
+            shares.append((option.name, default))
         else:
             values[option.name] = default
-    for name, half in halves:
-        values[name] = max(1, values[half.of] // 2)
+    for name, share in shares:
+        values[name] = max(1, values[share.of] // share.by)
 
 
 def _connection(values: Mapping[str, Any]) -> ConnectionOptions:

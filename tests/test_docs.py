@@ -186,10 +186,10 @@ def spark_option_table(heading: str) -> dict[str, list[str]]:
 
 def spark_default(value: object) -> str:
     """A default as docs/spark.md writes it."""
-    from nsq_spark._options import Half
+    from nsq_spark._options import Share
 
-    if isinstance(value, Half):
-        return f"`{value.of} / 2`"
+    if isinstance(value, Share):
+        return f"`{value.of} / {value.by}`"
     if isinstance(value, bool | str):
         return f"`{str(value).lower()}`"
     if isinstance(value, float):

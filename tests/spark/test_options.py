@@ -188,9 +188,9 @@ def test_tls_options_build_a_verifying_context(tmp_path: Any) -> None:
 def test_max_bytes_in_flight_is_an_option_of_the_driver_reader() -> None:
     base = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "127.0.0.1:4150"}
     o = parse_source_options({**base, "read_mode": "driver"})
-    assert (o.max_bytes_in_flight, o.max_bytes_per_trigger) == (128 << 20, 64 << 20)
+    assert (o.max_bytes_in_flight, o.max_bytes_per_trigger) == (128 << 20, 32 << 20)
     o = parse_source_options({**base, "read_mode": "driver", "max_bytes_in_flight": "1000"})
-    assert (o.max_bytes_in_flight, o.max_bytes_per_trigger) == (1000, 500)
+    assert (o.max_bytes_in_flight, o.max_bytes_per_trigger) == (1000, 250)
     with pytest.raises(OptionError, match="'max_bytes_in_flight' needs read_mode 'driver'"):
         parse_source_options(
             {**base, "nsqd_http_addresses": "127.0.0.1:4151", "max_bytes_in_flight": "1000"}
