@@ -222,8 +222,8 @@ def test_the_driver_reader_holds_about_max_bytes_in_flight_of_large_bodies(
     emulator: Emulator, readers: list[NSQStreamReader]
 ) -> None:
     """400 bodies of 10,000 bytes with max_bytes_in_flight 200,000: nsqd never has more than
-    about 20 of them in flight to the reader, a batch carries at most 100,000 bytes (half of
-    it, the default of max_bytes_per_trigger) whatever rows Spark allows, and every message
+    about 20 of them in flight to the reader, a batch carries at most 50,000 bytes (a quarter
+    of it, the default of max_bytes_per_trigger) whatever rows Spark allows, and every message
     is read once."""
     topic, n, size = "units-large-bodies", 400, 10_000
     emulator.publish(topic, [f"{i:04d}".encode().ljust(size, b"x") for i in range(n)])
@@ -238,7 +238,7 @@ def test_the_driver_reader_holds_about_max_bytes_in_flight_of_large_bodies(
         end = reader.latestOffset(start, ReadMaxRows(1000))
         parts = reader.partitions(start, end)
         batch = [row for part in parts for row in _batch(part).to_pylist()]
-        assert sum(len(row["body"]) for row in batch) <= 100_000
+        assert sum(len(row["body"]) for row in batch) <= 50_000
         seen.extend(row["body"][:4] for row in batch)
         reader.commit(end)
         start = end
