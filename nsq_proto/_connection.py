@@ -709,6 +709,7 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
     cls = conn._message_class
     native = cls is Message  # then built directly (compiled: no call through an object)
     by_fields = conn._message_by_fields
+    new = cls.__new__  # (by_fields) looked up once a read
     n = len(buf)
     size: int  # declared: the compiled build then compares machine ints, not objects
     frame_type: int
@@ -739,7 +740,12 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
                 elif by_fields:
                     batch.append(
                         standard_message(
-                            cls, buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
+                            new,
+                            cls,
+                            buf[pos + 18 : pos + 34],
+                            timestamp,
+                            attempts,
+                            buf[pos + 34 : end],
                         )
                     )
                 else:
@@ -773,7 +779,7 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
                 )
             elif by_fields:
                 message = standard_message(
-                    cls, buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
+                    new, cls, buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]
                 )
             else:
                 message = cls(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])

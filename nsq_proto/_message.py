@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar, overload
 
@@ -109,11 +110,14 @@ def builds_by_fields(cls: type[Message]) -> bool:
     return cls.__init__ is Message.__init__ and cls.__new__ is Message.__new__
 
 
-def standard_message(cls: type[M], id: bytes, timestamp: int, attempts: int, body: bytes) -> M:
+def standard_message(
+    new: Callable[[type[M]], M], cls: type[M], id: bytes, timestamp: int, attempts: int, body: bytes
+) -> M:
     """``cls(id, timestamp, attempts, body)`` for a ``cls`` that :func:`builds_by_fields`,
-    built field by field: compiled, this skips the generic parsing of the arguments of a call
-    to a Python subclass (a client's message class)."""
-    message = cls.__new__(cls)
+    built field by field (``new`` is ``cls.__new__``, looked up once by the caller):
+    compiled, this skips the generic parsing of the arguments of a call to a Python
+    subclass (a client's message class)."""
+    message = new(cls)
     message.id = id
     message.timestamp = timestamp
     message.attempts = attempts
