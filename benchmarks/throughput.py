@@ -15,11 +15,11 @@ message.finish()`` with ``--style iterate``, else through a handler per message
 doing I/O would: with 100 handlers and 10 ms, the ideal is 100 / 0.01 s = 10,000 msgs/s).
 ``--rtt MS`` measures across a round trip: the client and the bare loop both go through a
 loopback proxy delaying every chunk MS / 2 ms each way (``rtt.py``; the topic of ``sub`` is
-filled straight).  ``--rounds N`` runs it all N times, each client run beside its bare run,
-and prints each round, then the medians (the ratio's is the median of the rounds' ratios):
-on a 2-core machine nsqd and the client share the cores, and the pace of such a machine
-moves between runs of a few seconds.  The last line is ``pub_msgs_per_s=<float>`` or
-``sub_msgs_per_s=<float>`` (the median of the rounds).
+filled straight).  ``--rounds N`` runs it all N times, each client run beside its bare run
+(the bare loop first in every other round), and prints each round, then the medians (the
+ratio's is the median of the rounds' ratios): on a 2-core machine nsqd and the client share
+the cores, and the pace of such a machine moves between runs of a few seconds.  The last line
+is ``pub_msgs_per_s=<float>`` or ``sub_msgs_per_s=<float>`` (the median of the rounds).
 """
 
 from __future__ import annotations
@@ -208,44 +208,60 @@ def main() -> None:
     direct = args.nsqd_tcp_address
     topic = args.topic
 
-    def one_round() -> tuple[float, float | None]:
-        """The client's rate, and the bare loop's beside it (None without --bare)."""
+    def one_round(bare_first: bool) -> tuple[float, float | None]:
+        """The client's rate, and the bare loop's beside it (None without --bare), each on
+        fresh topics; ``bare_first``: the bare loop runs first."""
         args.nsqd_tcp_address = direct
         args.topic = topic
-        if args.mode == "sub":
-            # a fresh topic, filled beforehand (straight, not through --rtt's delay): the
-            # run measures consuming alone
-            args.topic = f"{topic}_{uuid.uuid4().hex[:8]}"
-            run_bare(bare.pub(direct, args.topic, args.count + 1000, args.size))
         runner = pub if args.mode == "pub" else sub
         with rtt.through(direct, args.rtt) as address:
-            args.nsqd_tcp_address = address
-            rate = anyio.run(runner, args, lib, backend=backend, backend_options=backend_options)
-            if not args.bare:
-                return rate, None
-            # the same work on topics of its own, through raw frames on asyncio streams
-            bare_topic = f"{args.topic}_bare_{uuid.uuid4().hex[:8]}"
-            if args.mode == "pub" and args.publishers:
-                bare_rate = run_bare(
-                    bare.pub_singles(address, bare_topic, args.count, args.size, args.publishers)
+
+            def client() -> float:
+                args.topic = f"{topic}_{uuid.uuid4().hex[:8]}"
+                if args.mode == "sub":
+                    # filled beforehand (straight, not through --rtt's delay): the run
+                    # measures consuming alone
+                    run_bare(bare.pub(direct, args.topic, args.count + 1000, args.size))
+                args.nsqd_tcp_address = address
+                return float(
+                    anyio.run(runner, args, lib, backend=backend, backend_options=backend_options)
                 )
-            elif args.mode == "pub":
-                bare_rate = run_bare(
-                    bare.pub(address, bare_topic, args.count, args.size, args.outstanding)
-                )
-            else:
+
+            def bare_loop() -> float:
+                # the same work, through raw frames on asyncio streams
+                bare_topic = f"{topic}_bare_{uuid.uuid4().hex[:8]}"
+                if args.mode == "pub" and args.publishers:
+                    return run_bare(
+                        bare.pub_singles(
+                            address, bare_topic, args.count, args.size, args.publishers
+                        )
+                    )
+                if args.mode == "pub":
+                    return run_bare(
+                        bare.pub(address, bare_topic, args.count, args.size, args.outstanding)
+                    )
                 run_bare(bare.pub(direct, bare_topic, args.count + 1000, args.size))
-                bare_rate = run_bare(bare.sub(address, bare_topic, "bench", args.count))
-            return rate, bare_rate
+                return run_bare(bare.sub(address, bare_topic, "bench", args.count))
+
+            if not args.bare:
+                return client(), None
+            if bare_first:
+                bare_rate = bare_loop()
+                return client(), bare_rate
+            rate = client()
+            return rate, bare_loop()
 
     rates: list[float] = []
     ratios: list[float] = []
     bare_rates: list[float] = []
     for i in range(args.rounds):
-        rate, bare_rate = one_round()
+        # every other round the bare loop goes first: neither side always meets the nsqd
+        # the other one left
+        rate, bare_rate = one_round(bare_first=i % 2 == 1)
         rates.append(rate)
         if args.rounds > 1:
-            print(f"round {i + 1}: {args.mode}_msgs_per_s={rate:.1f}", end="")
+            first = " (bare first)" if args.bare and i % 2 == 1 else ""
+            print(f"round {i + 1}{first}: {args.mode}_msgs_per_s={rate:.1f}", end="")
         if bare_rate is not None:
             bare_rates.append(bare_rate)
             ratios.append(rate / bare_rate)
