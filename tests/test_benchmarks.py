@@ -32,6 +32,20 @@ def run(*argv: str, timeout: float = 240.0) -> str:
     return done.stdout
 
 
+def refused(*argv: str) -> subprocess.CompletedProcess[str]:
+    """A run that must end with argparse's usage error (status 2, nothing on stdout)."""
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    return done
+
+
 def figure(output: str, name: str) -> float:
     """The benchmark's ``name=<float>`` line, which must be there and be a rate above 0."""
     found = re.findall(rf"^{name}=([0-9.]+)", output, re.MULTILINE)
@@ -144,15 +158,7 @@ def test_the_throughput_benchmark_prints_each_round_then_the_medians(nsqd: Nsqd)
 
 
 def test_the_throughput_benchmark_refuses_no_round() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "throughput.py"), "sub", "--rounds", "0"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2
+    done = refused(str(BENCHMARKS / "throughput.py"), "sub", "--rounds", "0")
     assert "--rounds must be at least 1" in done.stderr
 
 
@@ -191,15 +197,7 @@ def test_the_profile_breakdown_sorts_samples_into_stages(tmp_path: Path) -> None
 
 
 def test_the_throughput_benchmark_says_publishers_is_a_mode_of_pub() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "throughput.py"), "sub", "--publishers", "2"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2 and done.stdout == ""
+    done = refused(str(BENCHMARKS / "throughput.py"), "sub", "--publishers", "2")
     assert done.stderr.splitlines()[-1].endswith("--publishers is a mode of pub")
 
 

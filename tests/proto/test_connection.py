@@ -814,6 +814,21 @@ def test_message_batches_hold_the_same_messages_as_one_event_each(
     assert told[0] == ["heartbeat" if beat else mid(i) for i, beat in enumerate(heartbeats)]
 
 
+def delivered(conn: Connection) -> list[Message]:
+    """The messages of the connection's outputs, with or without batches."""
+    return [
+        m
+        for o in conn.outputs()
+        for m in (
+            o.messages
+            if isinstance(o, MessagesReceived)
+            else [o.message]
+            if isinstance(o, MessageReceived)
+            else []
+        )
+    ]
+
+
 class _AppMessage(Message):
     """A client's message class: the core's fields and one of its own."""
 
@@ -829,17 +844,7 @@ def test_a_message_class_given_is_what_the_connection_builds(batches: bool) -> N
     conn.receive_data(identify_response(), 0.0)
     conn.subscribe("t", "c")
     conn.receive_data(response(b"OK") + message(mid(1), b"a", attempts=3, timestamp=9), 0.0)
-    got = [
-        m
-        for o in conn.outputs()
-        for m in (
-            o.messages
-            if isinstance(o, MessagesReceived)
-            else [o.message]
-            if isinstance(o, MessageReceived)
-            else []
-        )
-    ]
+    got = delivered(conn)
     assert [type(m) for m in got] == [_AppMessage]
     (m,) = got
     assert isinstance(m, _AppMessage)
@@ -892,17 +897,7 @@ def test_a_message_class_with_its_own_constructor_is_built_by_calling_it(
     # two in one read: with batches, the second joins the first's run (the frame loop's
     # fast path), the first starts it
     conn.receive_data(message(mid(1), b"a", timestamp=5) + message(mid(2), b"b"), 0.0)
-    got = [
-        m
-        for o in conn.outputs()
-        for m in (
-            o.messages
-            if isinstance(o, MessagesReceived)
-            else [o.message]
-            if isinstance(o, MessageReceived)
-            else []
-        )
-    ]
+    got = delivered(conn)
     assert [(type(m), m.id, m.body) for m in got] == [(cls, mid(1), b"a"), (cls, mid(2), b"b")]
     assert got[0].timestamp == 5
     for m in got:
