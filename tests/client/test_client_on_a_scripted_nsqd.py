@@ -9,6 +9,7 @@ import ssl
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import nsq_client
@@ -308,3 +309,42 @@ async def test_a_publish_is_written_from_the_caller_and_returns_once_nsqd_said_o
                 await p.publish("t", b"two")
             assert [c.body for c in stream.commands[1:]] == [b"one", b"two"]
     assert stream.closed
+
+
+async def test_a_handler_that_never_awaits_still_lets_the_loop_run(kind: Kind) -> None:
+    """3,000 messages in one read and a handler that never awaits: the worker yields to the
+    loop every CHECKPOINT_EVERY messages it takes without waiting (another task runs between
+    runs of messages), and every message is handled and FINished."""
+    from nsq_client._message import CHECKPOINT_EVERY
+
+    count = 3_000
+    backend = ScriptedBackend(kind)
+    ticks = 0
+    seen_at: list[int] = []  # the ticker's count when each message was handled
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async def handler(m: nsq_client.Message) -> None:
+        seen_at.append(ticks)  # no await: the handler alone never lets the loop run
+
+    async with scripted_network(backend), consumer(backend, max_in_flight=count) as c:
+        stream = await subscribed(backend)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            tg.start_soon(c.run, handler, 1)
+            await anyio.lowlevel.checkpoint()
+            stream.feed(b"".join(message(mid(i), b"x") for i in range(count)))
+            await wait_until(lambda: len(seen_at) == count, 20)
+            await wait_until(
+                lambda: sum(line.startswith(b"FIN ") for line in stream.lines()) == count
+            )
+            tg.cancel_scope.cancel()
+    # trio may reverse the order of the runnable tasks from one batch to the next, so two
+    # runs of the worker can see the same tick, never three
+    runs = [seen_at.count(t) for t in sorted(set(seen_at))]
+    assert len(runs) >= 2
+    assert max(runs) <= 2 * CHECKPOINT_EVERY < count
