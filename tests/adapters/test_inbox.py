@@ -11,6 +11,8 @@ import pytest
 from nsq_anyio._backend import AnyioBackend
 from nsq_client._message import CHECKPOINT_EVERY, Message, _Inbox
 
+from ..ticks import Ticker
+
 pytestmark = pytest.mark.anyio
 
 
@@ -21,14 +23,7 @@ async def test_a_worker_that_never_waits_yields_to_the_loop(anyio_backend: str) 
     for i in range(count):
         inbox.put(cast(Message, i))
     inbox.close()
-    ticks = 0
-    seen_at: list[int] = []  # the ticker's count when each message was taken
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
+    ticker = Ticker()  # marked when each message is taken
 
     async def worker() -> None:
         # what Consumer._worker does with a handler that does not await
@@ -38,18 +33,17 @@ async def test_a_worker_that_never_waits_yields_to_the_loop(anyio_backend: str) 
                 message = await inbox.wait_next()
                 if message is None:
                     return
-            seen_at.append(ticks)
+            ticker.mark()
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
+        tg.start_soon(ticker.run)
         await anyio.lowlevel.checkpoint()
         await worker()
         tg.cancel_scope.cancel()
-    assert len(seen_at) == count
-    # the ticker ran between runs of messages. trio may reverse the order of the runnable tasks
-    # from one batch to the next (ticker, worker | worker, ticker), so two runs of the worker can
-    # see the same tick, never three: a worker that did not yield would take all in one run
-    runs = [seen_at.count(t) for t in sorted(set(seen_at))]
+    assert len(ticker.seen_at) == count
+    # the ticker ran between runs of messages: a worker that did not yield would take all in
+    # one run
+    runs = ticker.runs()
     assert len(runs) >= 2
     assert max(runs) <= 2 * CHECKPOINT_EVERY < count
 

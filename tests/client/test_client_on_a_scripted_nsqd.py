@@ -16,6 +16,7 @@ import nsq_client
 import nsq_proto
 from nsq_proto import ConnectionClosedError, ServerError
 
+from ..ticks import Ticker
 from .scripted import (
     KINDS,
     Kind,
@@ -319,32 +320,23 @@ async def test_a_handler_that_never_awaits_still_lets_the_loop_run(kind: Kind) -
 
     count = 3_000
     backend = ScriptedBackend(kind)
-    ticks = 0
-    seen_at: list[int] = []  # the ticker's count when each message was handled
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.lowlevel.checkpoint()
+    ticker = Ticker()
 
     async def handler(m: nsq_client.Message) -> None:
-        seen_at.append(ticks)  # no await: the handler alone never lets the loop run
+        ticker.mark()  # no await: the handler alone never lets the loop run
 
     async with scripted_network(backend), consumer(backend, max_in_flight=count) as c:
         stream = await subscribed(backend)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(ticker)
+            tg.start_soon(ticker.run)
             tg.start_soon(c.run, handler, 1)
             await anyio.lowlevel.checkpoint()
             stream.feed(b"".join(message(mid(i), b"x") for i in range(count)))
-            await wait_until(lambda: len(seen_at) == count, 20)
+            await wait_until(lambda: len(ticker.seen_at) == count, 20)
             await wait_until(
                 lambda: sum(line.startswith(b"FIN ") for line in stream.lines()) == count
             )
             tg.cancel_scope.cancel()
-    # trio may reverse the order of the runnable tasks from one batch to the next, so two
-    # runs of the worker can see the same tick, never three
-    runs = [seen_at.count(t) for t in sorted(set(seen_at))]
+    runs = ticker.runs()
     assert len(runs) >= 2
     assert max(runs) <= 2 * CHECKPOINT_EVERY < count
