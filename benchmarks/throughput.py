@@ -169,7 +169,7 @@ def main() -> None:
         "--rounds",
         type=int,
         default=1,
-        help="run N times (each on fresh topics, each client run beside its bare run) and "
+        help="run N times (each client run beside its bare run) and "
         "print the medians: the rates', and the ratio's of the rounds",
     )
     rtt.add_option(parser)
@@ -209,18 +209,19 @@ def main() -> None:
     topic = args.topic
 
     def one_round(bare_first: bool) -> tuple[float, float | None]:
-        """The client's rate, and the bare loop's beside it (None without --bare), each on
-        fresh topics; ``bare_first``: the bare loop runs first."""
+        """The client's rate (``pub``: to ``--topic``; ``sub``: from a fresh topic), and the
+        bare loop's beside it on a fresh topic (None without --bare); ``bare_first``: the
+        bare loop runs first."""
         args.nsqd_tcp_address = direct
         args.topic = topic
         runner = pub if args.mode == "pub" else sub
         with rtt.through(direct, args.rtt) as address:
 
             def client() -> float:
-                args.topic = f"{topic}_{uuid.uuid4().hex[:8]}"
                 if args.mode == "sub":
-                    # filled beforehand (straight, not through --rtt's delay): the run
-                    # measures consuming alone
+                    # a fresh topic, filled beforehand (straight, not through --rtt's delay):
+                    # the run measures consuming alone
+                    args.topic = f"{topic}_{uuid.uuid4().hex[:8]}"
                     run_bare(bare.pub(direct, args.topic, args.count + 1000, args.size))
                 args.nsqd_tcp_address = address
                 return float(
@@ -257,10 +258,11 @@ def main() -> None:
     for i in range(args.rounds):
         # every other round the bare loop goes first: neither side always meets the nsqd
         # the other one left
-        rate, bare_rate = one_round(bare_first=i % 2 == 1)
+        bare_first = args.bare and i % 2 == 1
+        rate, bare_rate = one_round(bare_first)
         rates.append(rate)
         if args.rounds > 1:
-            first = " (bare first)" if args.bare and i % 2 == 1 else ""
+            first = " (bare first)" if bare_first else ""
             print(f"round {i + 1}{first}: {args.mode}_msgs_per_s={rate:.1f}", end="")
         if bare_rate is not None:
             bare_rates.append(bare_rate)

@@ -104,6 +104,13 @@ def test_the_throughput_benchmark_runs_against_a_real_nsqd(nsqd: Nsqd, backend: 
     figure(
         run(script, "pub", *common, "--topic", f"bench_pub_{backend}", "--bare"), "pub_msgs_per_s"
     )
+    # pub publishes to the topic named (the bare loop to one of its own)
+    (published,) = [
+        t["message_count"]
+        for t in nsqd.stats(f"bench_pub_{backend}")["topics"]
+        if t["topic_name"] == f"bench_pub_{backend}"
+    ]
+    assert published >= 3000
     figure(
         run(script, "sub", *common, "--topic", f"bench_sub_{backend}", "--bare"), "sub_msgs_per_s"
     )
