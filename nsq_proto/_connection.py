@@ -18,10 +18,16 @@ move up in the one table of transitions in ``_state.py``.
 from __future__ import annotations
 
 import struct
+import types
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Final
+
+try:  # the machine-int type the compiled build reads headers into (an int in Python)
+    from mypy_extensions import i64
+except ImportError:  # pure Python without mypy's extensions
+    i64 = int  # type: ignore[misc]
 
 from . import commands as cmd
 from ._compress import Codec, make_codec
@@ -105,6 +111,16 @@ _FRAME_HEADER: Final = struct.Struct(">ii")
 _MESSAGE_FRAME_HEADER: Final = struct.Struct(">iiqH")
 _MESSAGE: Final = 2
 _ERROR: Final = 1
+
+
+def _compiled() -> bool:
+    """Whether this module runs compiled (mypyc): its functions are then not Python's."""
+    return not isinstance(_compiled, types.FunctionType)
+
+
+#: compiled, the frame loop reads a message's header byte by byte (machine ints: no tuple
+#: and no int objects); in Python one ``struct`` unpack is cheaper than eighteen indexings
+_BYTEWISE_HEADERS: Final = _compiled()
 
 
 class _Awaiting(Enum):
@@ -691,6 +707,69 @@ class Connection:
         return len(self._pending)
 
 
+def _standard_run(
+    buf: bytes,
+    pos: int,
+    batch: list[Message],
+    max_size: int,
+    native: bool,
+    by_fields: bool,
+    new: Callable[[type[Message]], Message],
+    cls: type[Message],
+) -> int:
+    """The frame loop's common case, compiled (:data:`_BYTEWISE_HEADERS`): the whole
+    standard messages of ``buf`` from ``pos`` on, each header read byte by byte into
+    machine ints, built as the loop builds them and added to ``batch``; where the first
+    other frame starts (one cut by the read, or a message with a negative timestamp, left
+    to the loop's unpack)."""
+    n: i64 = len(buf)
+    p: i64 = pos
+    top: i64 = max_size
+    smallest: i64 = 4 + MESSAGE_HEADER_SIZE
+    size: i64
+    end: i64
+    timestamp: i64
+    attempts: i64
+    while n - p >= 18:
+        size = (
+            (i64(buf[p]) << 24) | (i64(buf[p + 1]) << 16) | (i64(buf[p + 2]) << 8) | i64(buf[p + 3])
+        )
+        end = p + 4 + size
+        if not (
+            end <= n
+            and smallest <= size <= top
+            and buf[p + 7] == _MESSAGE
+            and buf[p + 4] == 0
+            and buf[p + 5] == 0
+            and buf[p + 6] == 0
+            and buf[p + 8] < 0x80
+        ):
+            break
+        timestamp = (
+            (i64(buf[p + 8]) << 56)
+            | (i64(buf[p + 9]) << 48)
+            | (i64(buf[p + 10]) << 40)
+            | (i64(buf[p + 11]) << 32)
+            | (i64(buf[p + 12]) << 24)
+            | (i64(buf[p + 13]) << 16)
+            | (i64(buf[p + 14]) << 8)
+            | i64(buf[p + 15])
+        )
+        attempts = (i64(buf[p + 16]) << 8) | i64(buf[p + 17])
+        if native:
+            batch.append(Message(buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]))
+        elif by_fields:
+            batch.append(
+                standard_message(
+                    new, cls, buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]
+                )
+            )
+        else:
+            batch.append(cls(buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]))
+        p = end
+    return p
+
+
 def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
     """The frame loop of ``conn``'s reads after its handshake: handle the whole frames of
     ``buf`` from ``pos`` on; where the first incomplete one starts (-1 once the connection
@@ -721,6 +800,9 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
     # the common frame (a whole standard message, joining this read's run) takes the
     # first branch alone: every other frame, or one cut by the read, goes on below
     fast = receiving and standard
+    bytewise = _BYTEWISE_HEADERS and fast
+    if bytewise and batch is not None:
+        pos = _standard_run(buf, pos, batch, max_size, native, by_fields, new, cls)
     while True:
         if n - pos >= 18:
             # a message frame's timestamp and attempts come with its header: one unpack
@@ -800,9 +882,14 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
                 return -1
             receiving = conn.state in CAN_RECEIVE_MESSAGES
             fast = receiving and standard
+            bytewise = _BYTEWISE_HEADERS and fast
         else:
             batch = None
             conn._response(buf[pos + 8 : end])
             receiving = conn.state in CAN_RECEIVE_MESSAGES
             fast = receiving and standard
+            bytewise = _BYTEWISE_HEADERS and fast
         pos = end
+        if bytewise and batch is not None:
+            # compiled: the run of standard messages this frame started (or went on to)
+            pos = _standard_run(buf, pos, batch, max_size, native, by_fields, new, cls)

@@ -35,6 +35,8 @@ from nsq_proto import (
     TraceReceipt,
 )
 from nsq_proto import commands as cmd
+from nsq_proto._connection import _standard_run
+from nsq_proto._message import builds_by_fields
 from nsq_proto._state import ALLOWED, Command
 from nsq_proto.wire import encode_frame
 
@@ -906,6 +908,105 @@ def test_a_message_class_with_its_own_constructor_is_built_by_calling_it(
         else:
             assert isinstance(m, _NewMessage) and m.made
             assert m.trace_id is None and m.raw_size is None
+
+
+_header_frame_st = st.one_of(
+    st.builds(
+        lambda i, ts, a, b: ("message", mid(i), ts, a, b),
+        st.integers(0, 2**32),
+        # the whole signed range: the compiled frame loop reads headers byte by byte and
+        # leaves a negative timestamp to the unpack
+        st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, 2**56, -1, 2**63 - 1])),
+        st.integers(0, 2**16 - 1),
+        st.binary(max_size=300),
+    ),
+    st.just(("heartbeat",)),
+    st.builds(lambda i: ("error", i), st.integers(0, 99)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(_header_frame_st, max_size=14),
+    cuts=st.lists(st.integers(min_value=0), max_size=8),
+    cls=st.sampled_from([Message, _AppMessage, _InitMessage, _NewMessage]),
+)
+def test_every_header_value_reaches_the_message_whatever_the_reads_and_the_class(
+    frames: list[tuple[Any, ...]], cuts: list[int], cls: type[Message]
+) -> None:
+    """Each message's id, timestamp, attempts and body are the frame's, in the order sent,
+    for any values of the header, any class of message and any cuts of the stream (the
+    messages of one read go in runs between heartbeats and errors)."""
+    stream = b"".join(
+        message(f[1], f[4], attempts=f[3], timestamp=f[2])
+        if f[0] == "message"
+        else response(b"_heartbeat_")
+        if f[0] == "heartbeat"
+        else error(b"E_FIN_FAILED FIN " + mid(f[1]) + b" failed ID not in flight")
+        for f in frames
+    )
+    conn = Connection(ConnectionConfig(), message_batches=True, message_class=cls)
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(), 0.0)
+    conn.subscribe("t", "c")
+    conn.receive_data(response(b"OK"), 0.0)
+    conn.outputs()
+    got: list[Message] = []
+    pos = 0
+    for cut in [*sorted({c % (len(stream) + 1) for c in cuts}), len(stream)]:
+        if cut > pos:
+            conn.receive_data(stream[pos:cut], 1.0)
+            pos = cut
+            got += delivered(conn)
+    want = [(f[1], f[2], f[3], f[4]) for f in frames if f[0] == "message"]
+    assert [(m.id, m.timestamp, m.attempts, m.body) for m in got] == want
+    assert all(type(m) is cls for m in got)
+    assert all(
+        (m.trace_id, m.internal_id, m.ext_version, m.ext_data, m.queue_offset, m.raw_size)
+        == (None,) * 6
+        for m in got
+    )
+    assert conn.state is ConnectionState.SUBSCRIBED
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(_header_frame_st, max_size=10),
+    cut=st.integers(min_value=0),
+    max_size=st.sampled_from([100, 1 << 20]),
+    cls=st.sampled_from([Message, _AppMessage, _InitMessage]),
+)
+def test_the_run_of_standard_messages_ends_at_the_first_frame_it_leaves_to_the_loop(
+    frames: list[tuple[Any, ...]], cut: int, max_size: int, cls: type[Message]
+) -> None:
+    """The compiled frame loop's common case (called directly here, in Python too): it
+    takes the whole messages at the start of the bytes, and stops at an incomplete frame,
+    one of another type, one over ``max_size`` or a message with a negative timestamp."""
+    encoded = [
+        message(f[1], f[4], attempts=f[3], timestamp=f[2])
+        if f[0] == "message"
+        else response(b"_heartbeat_")
+        if f[0] == "heartbeat"
+        else error(b"E_FIN_FAILED FIN " + mid(f[1]) + b" failed ID not in flight")
+        for f in frames
+    ]
+    stream = b"".join(encoded)
+    buf = stream[: cut % (len(stream) + 1)]
+    want, end = [], 0
+    for f, frame in zip(frames, encoded, strict=True):
+        if f[0] != "message" or f[2] < 0 or len(frame) - 4 > max_size:
+            break
+        if end + len(frame) > len(buf):
+            break
+        want.append((f[1], f[2], f[3], f[4]))
+        end += len(frame)
+    batch: list[Message] = []
+    native, by_fields = cls is Message, builds_by_fields(cls)
+    assert _standard_run(buf, 0, batch, max_size, native, by_fields, cls.__new__, cls) == end
+    assert [(m.id, m.timestamp, m.attempts, m.body) for m in batch] == want
+    assert all(type(m) is cls for m in batch)
+    if cls is _InitMessage:
+        assert all(m.built == 4 for m in batch if isinstance(m, _InitMessage))
 
 
 def test_a_message_class_given_is_built_for_the_partitioned_layout_too() -> None:
