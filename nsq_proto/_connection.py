@@ -707,7 +707,7 @@ class Connection:
         return len(self._pending)
 
 
-def _standard_run(
+def _bytewise_run(
     buf: bytes,
     pos: int,
     batch: list[Message],
@@ -717,11 +717,8 @@ def _standard_run(
     new: Callable[[type[Message]], Message],
     cls: type[Message],
 ) -> int:
-    """The frame loop's common case, compiled (:data:`_BYTEWISE_HEADERS`): the whole
-    standard messages of ``buf`` from ``pos`` on, each header read byte by byte into
-    machine ints, built as the loop builds them and added to ``batch``; where the first
-    other frame starts (one cut by the read, or a message with a negative timestamp, left
-    to the loop's unpack)."""
+    """:func:`_standard_run` compiled: each header read byte by byte into machine ints (a
+    message with a negative timestamp is left to the frame loop's unpack)."""
     n: i64 = len(buf)
     p: i64 = pos
     top: i64 = max_size
@@ -770,6 +767,54 @@ def _standard_run(
     return p
 
 
+def _standard_run(
+    buf: bytes,
+    pos: int,
+    batch: list[Message],
+    max_size: int,
+    native: bool,
+    by_fields: bool,
+    new: Callable[[type[Message]], Message],
+    cls: type[Message],
+) -> int:
+    """The frame loop's common case: the whole standard messages of ``buf`` from ``pos`` on,
+    each built (as the connection's ``cls``: ``native`` when it is :class:`Message`,
+    ``by_fields`` when :func:`standard_message` may build it, with ``new`` its ``__new__``)
+    and added to ``batch``, this read's run; where the first other frame starts (one of
+    another type, over ``max_size``, or cut by the read)."""
+    if _BYTEWISE_HEADERS:
+        return _bytewise_run(buf, pos, batch, max_size, native, by_fields, new, cls)
+    n = len(buf)
+    unpack = _MESSAGE_FRAME_HEADER.unpack_from
+    message_type = _MESSAGE
+    smallest = 4 + MESSAGE_HEADER_SIZE
+    size: int
+    frame_type: int
+    timestamp: int
+    attempts: int
+    end: int
+    while n - pos >= 18:
+        # a message frame's timestamp and attempts come with its header: one unpack
+        size, frame_type, timestamp, attempts = unpack(buf, pos)
+        end = pos + 4 + size
+        if frame_type != message_type or end > n or size < smallest or size > max_size:
+            break
+        if native or by_fields:  # no call of a constructor
+            message = new(cls)
+            message.id = buf[pos + 18 : pos + 34]
+            message.timestamp = timestamp
+            message.attempts = attempts
+            message.body = buf[pos + 34 : end]
+            message.trace_id = message.internal_id = message.ext_version = None
+            message.ext_data = None
+            message.queue_offset = message.raw_size = None
+            batch.append(message)
+        else:
+            batch.append(cls(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end]))
+        pos = end
+    return pos
+
+
 def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
     """The frame loop of ``conn``'s reads after its handshake: handle the whole frames of
     ``buf`` from ``pos`` on; where the first incomplete one starts (-1 once the connection
@@ -795,47 +840,15 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
     timestamp: int
     attempts: int
     end: int
-    message_type = _MESSAGE
-    smallest = 4 + MESSAGE_HEADER_SIZE
-    # the common frame (a whole standard message, joining this read's run) takes the
-    # first branch alone: every other frame, or one cut by the read, goes on below
+    # the common frame (a whole standard message, joining this read's run) goes in runs
+    # (_standard_run); the loop takes every other frame, and one cut by the read
     fast = receiving and standard
-    bytewise = _BYTEWISE_HEADERS and fast
-    if bytewise and batch is not None:
+    if fast and batch is not None:
         pos = _standard_run(buf, pos, batch, max_size, native, by_fields, new, cls)
     while True:
         if n - pos >= 18:
             # a message frame's timestamp and attempts come with its header: one unpack
             size, frame_type, timestamp, attempts = unpack_message_header(buf, pos)
-            end = pos + 4 + size
-            if (
-                frame_type == message_type
-                and end <= n
-                and smallest <= size <= max_size
-                and fast
-                and batch is not None
-            ):
-                if native:
-                    batch.append(
-                        Message(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])
-                    )
-                elif by_fields:
-                    batch.append(
-                        standard_message(
-                            new,
-                            cls,
-                            buf[pos + 18 : pos + 34],
-                            timestamp,
-                            attempts,
-                            buf[pos + 34 : end],
-                        )
-                    )
-                else:
-                    batch.append(
-                        cls(buf[pos + 18 : pos + 34], timestamp, attempts, buf[pos + 34 : end])
-                    )
-                pos = end
-                continue
         elif n - pos >= 8:
             size, frame_type = unpack_frame_header(buf, pos)
             timestamp = attempts = 0
@@ -882,14 +895,11 @@ def _read_frames(conn: Connection, buf: bytes, pos: int) -> int:
                 return -1
             receiving = conn.state in CAN_RECEIVE_MESSAGES
             fast = receiving and standard
-            bytewise = _BYTEWISE_HEADERS and fast
         else:
             batch = None
             conn._response(buf[pos + 8 : end])
             receiving = conn.state in CAN_RECEIVE_MESSAGES
             fast = receiving and standard
-            bytewise = _BYTEWISE_HEADERS and fast
         pos = end
-        if bytewise and batch is not None:
-            # compiled: the run of standard messages this frame started (or went on to)
+        if fast and batch is not None:  # the run this frame started (or went on to)
             pos = _standard_run(buf, pos, batch, max_size, native, by_fields, new, cls)
