@@ -343,8 +343,15 @@ def test_one_trace_crosses_the_partitioned_server_in_the_json_header(
         async with nsq_anyio.Consumer(
             "otel_trace", "c", lookupd_http_addresses=[cluster.lookupd_http], max_in_flight=10
         ) as consumer:
-            with anyio.fail_after(60):
+            with anyio.move_on_after(60):
                 await consumer.run(handler)
+            # what the consumer saw, should a message not come: its lookups and connections
+            assert len(got) == 3, (
+                f"got {sorted(got)} in 60 s; last lookup {consumer.last_lookup}; lookup "
+                f"failures {consumer.lookup_failures}; connection errors "
+                f"{consumer.connection_errors}; nsqd errors {consumer.errors}; "
+                f"{consumer.stats()}"
+            )
 
     anyio.run(main)
     traced, own = got[b"traced"], got[b"own key"]
