@@ -721,7 +721,8 @@ def _bytewise_run(
     message with a negative timestamp is left to the frame loop's unpack)."""
     n: i64 = len(buf)
     p: i64 = pos
-    top: i64 = max_size
+    # (a frame's size is an i32: a larger limit, however large, is the same as this one)
+    top: i64 = max_size if max_size < 0x7FFFFFFF else 0x7FFFFFFF
     smallest: i64 = 4 + MESSAGE_HEADER_SIZE
     size: i64
     end: i64

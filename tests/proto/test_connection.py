@@ -1010,6 +1010,23 @@ def test_the_run_of_standard_messages_ends_at_the_first_frame_it_leaves_to_the_l
         assert all(m.built == 4 for m in batch if isinstance(m, _InitMessage))
 
 
+@pytest.mark.parametrize("batches", [False, True])
+def test_a_frame_size_limit_beyond_what_a_frame_can_say_still_reads_messages(
+    batches: bool,
+) -> None:
+    """``max_frame_size`` has no upper bound: one beyond a 64-bit int reads messages as any
+    other (the compiled frame loop keeps its limit in a machine int)."""
+    conn = Connection(ConnectionConfig(max_frame_size=2**70), message_batches=batches)
+    conn.connection_made(0.0)
+    conn.receive_data(identify_response(), 0.0)
+    conn.subscribe("t", "c")
+    conn.receive_data(response(b"OK"), 0.0)
+    conn.outputs()
+    conn.receive_data(message(mid(1), b"a") + message(mid(2), b"b"), 1.0)
+    assert [m.body for m in delivered(conn)] == [b"a", b"b"]
+    assert conn.state is ConnectionState.SUBSCRIBED
+
+
 def test_a_message_class_given_is_built_for_the_partitioned_layout_too() -> None:
     conn = Connection(message_class=_AppMessage)
     conn.connection_made(0.0)
