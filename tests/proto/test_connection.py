@@ -910,9 +910,12 @@ def test_a_message_class_with_its_own_constructor_is_built_by_calling_it(
             assert m.trace_id is None and m.raw_size is None
 
 
-_header_frame_st = st.one_of(
+#: a frame as nsqd writes it, and for a message its (id, timestamp, attempts, body)
+_HeaderFrame = tuple[bytes, tuple[bytes, int, int, bytes] | None]
+
+_header_frame_st: st.SearchStrategy[_HeaderFrame] = st.one_of(
     st.builds(
-        lambda i, ts, a, b: ("message", mid(i), ts, a, b),
+        lambda i, ts, a, b: (message(mid(i), b, attempts=a, timestamp=ts), (mid(i), ts, a, b)),
         st.integers(0, 2**32),
         # the whole signed range: the compiled frame loop reads headers byte by byte and
         # leaves a negative timestamp to the unpack
@@ -920,8 +923,11 @@ _header_frame_st = st.one_of(
         st.integers(0, 2**16 - 1),
         st.binary(max_size=300),
     ),
-    st.just(("heartbeat",)),
-    st.builds(lambda i: ("error", i), st.integers(0, 99)),
+    st.just((response(b"_heartbeat_"), None)),
+    st.builds(
+        lambda i: (error(b"E_FIN_FAILED FIN " + mid(i) + b" failed ID not in flight"), None),
+        st.integers(0, 99),
+    ),
 )
 
 
@@ -932,19 +938,12 @@ _header_frame_st = st.one_of(
     cls=st.sampled_from([Message, _AppMessage, _InitMessage, _NewMessage]),
 )
 def test_every_header_value_reaches_the_message_whatever_the_reads_and_the_class(
-    frames: list[tuple[Any, ...]], cuts: list[int], cls: type[Message]
+    frames: list[_HeaderFrame], cuts: list[int], cls: type[Message]
 ) -> None:
     """Each message's id, timestamp, attempts and body are the frame's, in the order sent,
     for any values of the header, any class of message and any cuts of the stream (the
     messages of one read go in runs between heartbeats and errors)."""
-    stream = b"".join(
-        message(f[1], f[4], attempts=f[3], timestamp=f[2])
-        if f[0] == "message"
-        else response(b"_heartbeat_")
-        if f[0] == "heartbeat"
-        else error(b"E_FIN_FAILED FIN " + mid(f[1]) + b" failed ID not in flight")
-        for f in frames
-    )
+    stream = b"".join(frame for frame, _ in frames)
     conn = Connection(ConnectionConfig(), message_batches=True, message_class=cls)
     conn.connection_made(0.0)
     conn.receive_data(identify_response(), 0.0)
@@ -958,7 +957,7 @@ def test_every_header_value_reaches_the_message_whatever_the_reads_and_the_class
             conn.receive_data(stream[pos:cut], 1.0)
             pos = cut
             got += delivered(conn)
-    want = [(f[1], f[2], f[3], f[4]) for f in frames if f[0] == "message"]
+    want = [fields for _, fields in frames if fields is not None]
     assert [(m.id, m.timestamp, m.attempts, m.body) for m in got] == want
     assert all(type(m) is cls for m in got)
     assert all(
@@ -977,29 +976,20 @@ def test_every_header_value_reaches_the_message_whatever_the_reads_and_the_class
     cls=st.sampled_from([Message, _AppMessage, _InitMessage]),
 )
 def test_the_run_of_standard_messages_ends_at_the_first_frame_it_leaves_to_the_loop(
-    frames: list[tuple[Any, ...]], cut: int, max_size: int, cls: type[Message]
+    frames: list[_HeaderFrame], cut: int, max_size: int, cls: type[Message]
 ) -> None:
-    """The frame loop's common case (called directly): it
-    takes the whole messages at the start of the bytes, and stops at an incomplete frame,
-    one of another type, one over ``max_size`` or, compiled, a message with a negative
-    timestamp."""
-    encoded = [
-        message(f[1], f[4], attempts=f[3], timestamp=f[2])
-        if f[0] == "message"
-        else response(b"_heartbeat_")
-        if f[0] == "heartbeat"
-        else error(b"E_FIN_FAILED FIN " + mid(f[1]) + b" failed ID not in flight")
-        for f in frames
-    ]
-    stream = b"".join(encoded)
+    """The frame loop's common case (called directly): it takes the whole messages at the
+    start of the bytes, and stops at an incomplete frame, one of another type, one over
+    ``max_size`` or, compiled, a message with a negative timestamp."""
+    stream = b"".join(frame for frame, _ in frames)
     buf = stream[: cut % (len(stream) + 1)]
     want, end = [], 0
-    for f, frame in zip(frames, encoded, strict=True):
-        if f[0] != "message" or (f[2] < 0 and _BYTEWISE_HEADERS) or len(frame) - 4 > max_size:
+    for frame, fields in frames:
+        if fields is None or (fields[1] < 0 and _BYTEWISE_HEADERS) or len(frame) - 4 > max_size:
             break
         if end + len(frame) > len(buf):
             break
-        want.append((f[1], f[2], f[3], f[4]))
+        want.append(fields)
         end += len(frame)
     batch: list[Message] = []
     native, by_fields = cls is Message, builds_by_fields(cls)
