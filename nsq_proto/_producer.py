@@ -96,6 +96,8 @@ class _PConn:
     connected: bool = False
     #: a command was charged with the connection's end (see behind_the_cause)
     blamed: bool = False
+    #: kept for a request that goes alone (see PublishQueue.assign), while it is unanswered
+    alone: bool = False
 
     def behind_the_cause(self, error: NSQError) -> bool:
         """A command on this connection failed with ``error``: True when another is to blame
@@ -123,14 +125,18 @@ class _ConnectionPool:
         #: 1 while a publish call dispatches: only an idle connection then)
         self.limit = cap
 
-    def pick(self, address: tuple[str, int] | None) -> ConnId | None:
-        cap = self.limit
+    def pick(self, address: tuple[str, int] | None, alone: bool = False) -> ConnId | None:
+        cap = 1 if alone else self.limit
         best: _PConn | None = None
         best_load = 0
         for rec in self._conns.values():
             if address is not None and rec.address != address:
                 continue
             load = len(rec.outstanding) + rec.assigned
+            if rec.alone:
+                if load:
+                    continue  # kept for its request alone
+                rec.alone = False  # answered
             if rec.conn.state is not ConnectionState.READY or load >= cap:
                 continue
             if best is None or load < best_load:
@@ -138,13 +144,19 @@ class _ConnectionPool:
                 best_load = load
         return None if best is None else best.conn_id
 
-    def take(self, conn_id: ConnId) -> None:
-        self._conns[conn_id].assigned += 1
+    def take(self, conn_id: ConnId, alone: bool = False) -> None:
+        rec = self._conns[conn_id]
+        rec.assigned += 1
+        if alone:
+            rec.alone = True
 
     def room(self, cap: int) -> bool:
-        """Some ready connection has fewer than ``cap`` commands unanswered."""
+        """Some ready connection has fewer than ``cap`` commands unanswered (and is not kept
+        for a request alone)."""
         return any(
-            rec.conn.state is ConnectionState.READY and len(rec.outstanding) < cap
+            rec.conn.state is ConnectionState.READY
+            and len(rec.outstanding) < cap
+            and not (rec.alone and rec.outstanding)
             for rec in self._conns.values()
         )
 
@@ -453,8 +465,10 @@ class Producer:
 
     def _failed_on_connection(self, req: Request, error: NSQError) -> None:
         """``req`` failed on its connection: retried after a backoff, or failed."""
-        if isinstance(error, ServerError) and error.code in TOPOLOGY_CHANGED:
-            self._lookups.forget(req.topic, self._now)
+        if isinstance(error, ServerError):
+            if error.code in TOPOLOGY_CHANGED:
+                self._lookups.forget(req.topic, self._now)
+            self._queue.refused(error)
         retry_at = self._queue.retry(req, error, self._now)
         if retry_at is None:
             self._fail_request(req, error)
@@ -465,6 +479,7 @@ class Producer:
         """A coalesced MPUB failed: refused for a body, each of its publishes goes again
         alone; otherwise the failure is each one's (retried or failed as its own)."""
         if isinstance(error, ServerError) and error.code in _SPLIT_ON:
+            self._queue.refused(error)
             for req in self._queue.split(reqs, error):
                 self._fail_request(req, fresh_copy(error))
             return

@@ -39,6 +39,12 @@ __all__ = [
 NO_DPUB: Final = "the partitioned server has no DPUB (deferred publish): publish without a delay"
 #: nsqd's refusal of a message over its ``--max-msg-size`` names the limit
 _TOO_BIG: Final = re.compile(r"message too big \d+ > (\d+)$")
+#: and of an MPUB over its ``--max-body-size``
+_BODY_TOO_BIG: Final = re.compile(r"body too big \d+ > (\d+)$")
+#: nsqd's defaults for the largest message (``--max-msg-size``) and MPUB body
+#: (``--max-body-size``) it takes
+DEFAULT_MAX_MSG_SIZE: Final = 1024 * 1024
+DEFAULT_MAX_BODY_SIZE: Final = 5 * 1024 * 1024
 #: go-nsq's pause before the n-th retry of a publish: 8 ms + 10 ms * 2^n
 _RETRY_BASE: Final = 0.008
 _RETRY_STEP: Final = 0.010
@@ -84,18 +90,22 @@ class Request:
     hashed: tuple[int, int] | None = None
     #: never coalesced with others (a coalesced MPUB carrying it was refused for a body)
     alone: bool = False
+    #: last sent with the connection to itself (over what nsqd was known to take)
+    isolated: bool = False
 
 
 class Pool(Protocol):
     """The connections a :class:`PublishQueue` assigns requests to, by id."""
 
-    def pick(self, address: tuple[str, int] | None) -> ConnId | None:
+    def pick(self, address: tuple[str, int] | None, alone: bool = False) -> ConnId | None:
         """The least loaded ready connection with room (to ``address``; None: any), counting
-        what this dispatch assigned already; None when there is none."""
+        what this dispatch assigned already, and none kept for a request alone; with
+        ``alone``, an idle one only.  None when there is none."""
         ...
 
-    def take(self, conn_id: ConnId) -> None:
-        """One more request is assigned to ``conn_id`` in this dispatch."""
+    def take(self, conn_id: ConnId, alone: bool = False) -> None:
+        """One more request is assigned to ``conn_id`` in this dispatch; with ``alone``, the
+        connection is kept for it (nothing else is assigned to it) until it is answered."""
         ...
 
     def partitioned(self, conn_id: ConnId) -> bool:
@@ -144,6 +154,19 @@ def _mpub_size(req: Request) -> int:
     return 4 + len(req.bodies[0]) + (0 if ext is None else 2 + len(ext))
 
 
+def _largest(req: Request) -> int:
+    """The size of the largest message of ``req`` as nsqd checks it (with its header)."""
+    bodies = req.bodies
+    largest = len(bodies[0]) if len(bodies) == 1 else max(len(body) for body in bodies)
+    return largest if req.ext is None else largest + 2 + len(req.ext)
+
+
+def _mpub_body_size(req: Request) -> int:
+    """The body of ``req`` sent as an MPUB: the message count and each message."""
+    extra = 4 if req.ext is None else 6 + len(req.ext)
+    return 4 + sum(len(body) + extra for body in req.bodies)
+
+
 class PublishQueue:
     """The producer's requests, from ``publish`` to their answer: request ids and deadlines,
     the queue in call order, the retries and their backoff, and the ordered partitions with a
@@ -159,7 +182,9 @@ class PublishQueue:
         "_max_bytes",
         "_max_messages",
         "_next_id",
+        "body_limit",
         "full",
+        "msg_limit",
         "requests",
         "streams",
         "waiting",
@@ -183,6 +208,10 @@ class PublishQueue:
         #: the latest :meth:`assign` left a request for any connection waiting for room, and
         #: nothing but :meth:`add` changed the queue since: a request added now waits too
         self.full = False
+        #: the largest message and MPUB body nsqd is known to take (nsqd's defaults, until
+        #: it names its limits or takes more): a request over them goes alone (see assign)
+        self.msg_limit = DEFAULT_MAX_MSG_SIZE
+        self.body_limit = DEFAULT_MAX_BODY_SIZE
 
     def __len__(self) -> int:
         """Requests not yet answered (queued or sent)."""
@@ -247,7 +276,33 @@ class PublishQueue:
         self.full = False
         if req.stream is not None:
             self._release(req)
+        if req.isolated:  # nsqd took it: it takes that much
+            self.msg_limit = max(self.msg_limit, _largest(req))
+            self.body_limit = max(self.body_limit, _mpub_body_size(req))
         self.requests.pop(req.request_id, None)
+
+    def refused(self, error: NSQError) -> None:
+        """nsqd refused a request with ``error``: when that names its limit of a message's
+        or an MPUB's size, requests over it go alone from now on."""
+        if not isinstance(error, ServerError):
+            return
+        if error.code == "E_BAD_MESSAGE":
+            match = _TOO_BIG.search(error.text)
+            if match is not None:
+                self.msg_limit = int(match.group(1))
+        elif error.code == "E_BAD_BODY":
+            match = _BODY_TOO_BIG.search(error.text)
+            if match is not None:
+                self.body_limit = int(match.group(1))
+
+    def _ends_connection(self, req: Request) -> bool:
+        """``req`` is over what nsqd is known to take: nsqd may refuse it with a fatal error
+        and close the connection without reading it, and the reset that follows can lose
+        the answers of the commands around it, which would then be sent again (and land
+        twice).  So it goes alone: on an idle connection, with nothing behind it."""
+        if _largest(req) > self.msg_limit:
+            return True
+        return req.kind is Kind.MPUB and _mpub_body_size(req) > self.body_limit
 
     def remove(self, req: Request) -> None:
         """``req`` fails: it is no longer waiting, sent or retried."""
@@ -345,7 +400,8 @@ class PublishQueue:
                 if stream is not None:
                     blocked.add(stream)
                 continue
-            conn_id = pool.pick(address)
+            alone = self._ends_connection(req)
+            conn_id = pool.pick(address, alone)
             if conn_id is None:
                 if address is not None:
                     steps.append(OpenPool(address))
@@ -359,9 +415,10 @@ class PublishQueue:
             if req.kind is Kind.DPUB and pool.partitioned(conn_id):
                 steps.append(Refuse(req, LocalProtocolError(NO_DPUB)))
                 continue
-            pool.take(conn_id)
+            pool.take(conn_id, alone)
+            req.isolated = alone
             members = None
-            if waiting and self._max_messages > 1 and _coalescable(req):
+            if not alone and waiting and self._max_messages > 1 and _coalescable(req):
                 members = self._join(req, address, partition, stream, now, routes)
             if members is None:
                 req.attempts += 1
@@ -398,7 +455,8 @@ class PublishQueue:
         the queue), ``head`` first; None when none can.  They are of its topic and go where it
         goes; an ordered partition's take no publish past one of theirs that cannot join."""
         max_messages = self._max_messages
-        max_bytes = self._max_bytes
+        max_bytes = min(self._max_bytes, self.body_limit)
+        msg_limit = self.msg_limit
         size = 4 + _mpub_size(head)
         if size > max_bytes:
             return None
@@ -434,6 +492,9 @@ class PublishQueue:
                 continue
             ext = cand.ext
             added = 4 + len(cand.bodies[0]) + (0 if ext is None else 2 + len(ext))
+            if added - 4 > msg_limit:  # it goes alone (see _ends_connection)
+                kept.append(cand)
+                break
             if size + added > max_bytes:
                 kept.append(cand)
                 break

@@ -429,6 +429,96 @@ def test_after_an_error_frame_no_command_left_on_the_wire_is_blamed() -> None:
     assert sends(core.outputs())[again] == cmd.pub("t", b"1") + cmd.pub("t", b"2")
 
 
+#: one byte over nsqd's default --max-msg-size
+OVER_MSG_SIZE = b"x" * (1024 * 1024 + 1)
+
+
+def test_a_body_over_nsqds_limit_goes_alone_on_an_idle_connection() -> None:
+    # nsqd ends the connection on a body over its limit, without reading it: the reset may
+    # lose the answers of the commands around it, which would then go again (twice on
+    # nsqd). So it goes only once nothing else is unanswered there, and nothing follows it
+    # on that connection before its answer
+    core, ids = started(["n1:4150"], max_outstanding=4)
+    (c,) = ids.values()
+    first = core.publish("t", b"a", 0.0)
+    big = core.publish("t", OVER_MSG_SIZE, 0.0)
+    last = core.publish("t", b"b", 0.0)
+    assert sends(core.outputs())[c] == cmd.pub("t", b"a")
+    core.handle_timer(0.0)
+    assert c not in sends(core.outputs())  # the big one waits for "a"'s answer; "b" behind it
+    core.receive_data(c, response(b"OK"), 0.1)
+    out = core.outputs()
+    assert [o.request_id for o in out if isinstance(o, PublishSucceeded)] == [first]
+    assert sends(out)[c] == cmd.pub("t", OVER_MSG_SIZE)
+    core.handle_timer(0.1)
+    assert c not in sends(core.outputs())  # nothing behind it
+    core.receive_data(c, error(b"E_BAD_MESSAGE PUB message too big 1048577 > 1048576"), 0.2)
+    out = core.outputs()
+    failed = [o for o in out if isinstance(o, PublishFailed)]
+    assert [f.request_id for f in failed] == [big]
+    core.connection_lost(c, 0.2)  # nsqd closes on it
+    again = reconnected(core, 1.5)
+    assert sends(core.outputs())[again] == cmd.pub("t", b"b")
+    core.receive_data(again, response(b"OK"), 1.6)
+    ok = [o.request_id for o in core.outputs() if isinstance(o, PublishSucceeded)]
+    assert ok == [last] and core.pending == 0
+
+
+def test_a_big_body_nsqd_took_goes_as_any_other_afterwards() -> None:
+    # an nsqd with a larger --max-msg-size took it: bodies up to that size need no care
+    core, ids = started(["n1:4150"], max_outstanding=4)
+    (c,) = ids.values()
+    core.publish("t", b"a", 0.0)
+    core.outputs()
+    core.receive_data(c, response(b"OK"), 0.1)
+    core.publish("t", OVER_MSG_SIZE, 0.1)
+    assert sends(core.outputs())[c] == cmd.pub("t", OVER_MSG_SIZE)
+    core.receive_data(c, response(b"OK"), 0.2)
+    core.outputs()
+    core.publish("t", b"b", 0.3)
+    core.publish("t", OVER_MSG_SIZE, 0.3)
+    core.publish("t", OVER_MSG_SIZE + b"y", 0.3)
+    assert sends(core.outputs())[c] == cmd.pub("t", b"b")
+    core.handle_timer(0.3)
+    # the one of the size nsqd took goes behind "b"; one byte more waits to go alone
+    assert sends(core.outputs())[c] == cmd.pub("t", OVER_MSG_SIZE)
+    core.receive_data(c, response(b"OK") * 2, 0.4)
+    assert sends(core.outputs())[c] == cmd.pub("t", OVER_MSG_SIZE + b"y")
+
+
+def test_the_limit_nsqd_names_makes_bodies_over_it_go_alone() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=4, max_coalesced_messages=1)
+    (c,) = ids.values()
+    core.publish("t", b"x" * 200, 0.0)
+    core.outputs()
+    core.receive_data(c, error(b"E_BAD_MESSAGE PUB message too big 200 > 100"), 0.1)
+    core.connection_lost(c, 0.1)
+    core.outputs()
+    again = reconnected(core, 1.5)
+    core.outputs()
+    core.publish("t", b"small", 2.0)
+    core.publish("t", b"y" * 101, 2.0)
+    core.publish("t", b"tail", 2.0)
+    assert sends(core.outputs())[again] == cmd.pub("t", b"small")
+    core.handle_timer(2.0)
+    assert again not in sends(core.outputs())
+    core.receive_data(again, response(b"OK"), 2.1)
+    assert sends(core.outputs())[again] == cmd.pub("t", b"y" * 101)
+
+
+def test_an_mpub_over_nsqds_body_limit_goes_alone() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=4)
+    (c,) = ids.values()
+    core.publish("t", b"a", 0.0)
+    bodies = [b"z" * (1024 * 1024)] * 5  # 5 MiB of bodies, and their sizes: over 5 MiB
+    core.publish_many("t", bodies, 0.0)
+    assert sends(core.outputs())[c] == cmd.pub("t", b"a")
+    core.handle_timer(0.0)
+    assert c not in sends(core.outputs())
+    core.receive_data(c, response(b"OK"), 0.1)
+    assert sends(core.outputs())[c] == cmd.mpub("t", bodies)
+
+
 def test_publish_timeout_without_any_nsqd() -> None:
     core = Producer(ProducerConfig(publish_timeout=5.0), nsqd_tcp_addresses=["n1:4150"])
     core.start(0.0)

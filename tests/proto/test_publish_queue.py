@@ -35,6 +35,8 @@ class FakeConn:
     #: requests unanswered on it
     load: int
     partitioned: bool
+    #: kept for a request alone
+    kept: bool = False
 
 
 class FakePool:
@@ -45,16 +47,18 @@ class FakePool:
         self.cap = cap
         self.conns = {int(name[1:]): FakeConn(*value) for name, value in conns.items()}
 
-    def pick(self, address: tuple[str, int] | None) -> int | None:
+    def pick(self, address: tuple[str, int] | None, alone: bool = False) -> int | None:
         best = None
         for conn_id, conn in self.conns.items():
-            fits = (address is None or conn.address == address) and conn.load < self.cap
-            if fits and (best is None or conn.load < self.conns[best].load):
+            cap = 1 if alone else self.cap
+            fits = (address is None or conn.address == address) and conn.load < cap
+            if fits and not conn.kept and (best is None or conn.load < self.conns[best].load):
                 best = conn_id
         return best
 
-    def take(self, conn_id: int) -> None:
+    def take(self, conn_id: int, alone: bool = False) -> None:
         self.conns[conn_id].load += 1
+        self.conns[conn_id].kept = self.conns[conn_id].kept or alone
 
     def partitioned(self, conn_id: int) -> bool:
         return self.conns[conn_id].partitioned
