@@ -400,7 +400,11 @@ class PublishQueue:
                 if stream is not None:
                     blocked.add(stream)
                 continue
-            alone = self._ends_connection(req)
+            bodies = req.bodies
+            if len(bodies) == 1 and req.ext is None:  # _ends_connection's common case, inline
+                alone = len(bodies[0]) > self.msg_limit
+            else:
+                alone = self._ends_connection(req)
             conn_id = pool.pick(address, alone)
             if conn_id is None:
                 if address is not None:
