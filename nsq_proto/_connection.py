@@ -707,67 +707,6 @@ class Connection:
         return len(self._pending)
 
 
-def _bytewise_run(
-    buf: bytes,
-    pos: int,
-    batch: list[Message],
-    max_size: int,
-    native: bool,
-    by_fields: bool,
-    new: Callable[[type[Message]], Message],
-    cls: type[Message],
-) -> int:
-    """:func:`_standard_run` compiled: each header read byte by byte into machine ints (a
-    message with a negative timestamp is left to the frame loop's unpack)."""
-    n: i64 = len(buf)
-    p: i64 = pos
-    # (a frame's size is an i32: a larger limit, however large, is the same as this one)
-    top: i64 = max_size if max_size < 0x7FFFFFFF else 0x7FFFFFFF
-    smallest: i64 = 4 + MESSAGE_HEADER_SIZE
-    size: i64
-    end: i64
-    timestamp: i64
-    attempts: i64
-    while n - p >= 18:
-        size = (
-            (i64(buf[p]) << 24) | (i64(buf[p + 1]) << 16) | (i64(buf[p + 2]) << 8) | i64(buf[p + 3])
-        )
-        end = p + 4 + size
-        if not (
-            end <= n
-            and smallest <= size <= top
-            and buf[p + 7] == _MESSAGE
-            and buf[p + 4] == 0
-            and buf[p + 5] == 0
-            and buf[p + 6] == 0
-            and buf[p + 8] < 0x80
-        ):
-            break
-        timestamp = (
-            (i64(buf[p + 8]) << 56)
-            | (i64(buf[p + 9]) << 48)
-            | (i64(buf[p + 10]) << 40)
-            | (i64(buf[p + 11]) << 32)
-            | (i64(buf[p + 12]) << 24)
-            | (i64(buf[p + 13]) << 16)
-            | (i64(buf[p + 14]) << 8)
-            | i64(buf[p + 15])
-        )
-        attempts = (i64(buf[p + 16]) << 8) | i64(buf[p + 17])
-        if native:
-            batch.append(Message(buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]))
-        elif by_fields:
-            batch.append(
-                standard_message(
-                    new, cls, buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]
-                )
-            )
-        else:
-            batch.append(cls(buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]))
-        p = end
-    return p
-
-
 def _standard_run(
     buf: bytes,
     pos: int,
@@ -782,25 +721,72 @@ def _standard_run(
     each built (as the connection's ``cls``: ``native`` when it is :class:`Message`,
     ``by_fields`` when :func:`standard_message` may build it, with ``new`` its ``__new__``)
     and added to ``batch``, this read's run; where the first other frame starts (one of
-    another type, over ``max_size``, or cut by the read)."""
+    another type, over ``max_size``, or cut by the read).
+
+    Compiled (:data:`_BYTEWISE_HEADERS`), each header is read byte by byte into machine ints,
+    and a message with a negative timestamp is left to the frame loop's unpack; in Python,
+    one unpack a header."""
+    n: i64 = len(buf)
+    smallest: i64 = 4 + MESSAGE_HEADER_SIZE
+    size: i64
+    end: i64
+    timestamp: i64
+    attempts: i64
     if _BYTEWISE_HEADERS:
-        return _bytewise_run(buf, pos, batch, max_size, native, by_fields, new, cls)
-    n = len(buf)
+        p: i64 = pos
+        # (a frame's size is an i32: a larger limit, however large, is the same as this one)
+        top: i64 = max_size if max_size < 0x7FFFFFFF else 0x7FFFFFFF
+        while n - p >= 18:
+            size = (
+                (i64(buf[p]) << 24)
+                | (i64(buf[p + 1]) << 16)
+                | (i64(buf[p + 2]) << 8)
+                | i64(buf[p + 3])
+            )
+            end = p + 4 + size
+            if not (
+                end <= n
+                and smallest <= size <= top
+                and buf[p + 7] == _MESSAGE
+                and buf[p + 4] == 0
+                and buf[p + 5] == 0
+                and buf[p + 6] == 0
+                and buf[p + 8] < 0x80
+            ):
+                break
+            timestamp = (
+                (i64(buf[p + 8]) << 56)
+                | (i64(buf[p + 9]) << 48)
+                | (i64(buf[p + 10]) << 40)
+                | (i64(buf[p + 11]) << 32)
+                | (i64(buf[p + 12]) << 24)
+                | (i64(buf[p + 13]) << 16)
+                | (i64(buf[p + 14]) << 8)
+                | i64(buf[p + 15])
+            )
+            attempts = (i64(buf[p + 16]) << 8) | i64(buf[p + 17])
+            if native:
+                batch.append(Message(buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]))
+            elif by_fields:
+                batch.append(
+                    standard_message(
+                        new, cls, buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]
+                    )
+                )
+            else:
+                batch.append(cls(buf[p + 18 : p + 34], timestamp, attempts, buf[p + 34 : end]))
+            p = end
+        return p
     unpack = _MESSAGE_FRAME_HEADER.unpack_from
     message_type = _MESSAGE
-    smallest = 4 + MESSAGE_HEADER_SIZE
-    size: int
     frame_type: int
-    timestamp: int
-    attempts: int
-    end: int
     while n - pos >= 18:
         # a message frame's timestamp and attempts come with its header: one unpack
         size, frame_type, timestamp, attempts = unpack(buf, pos)
         end = pos + 4 + size
         if frame_type != message_type or end > n or size < smallest or size > max_size:
             break
-        if native or by_fields:  # no call of a constructor
+        if native or by_fields:  # standard_message, inline: no call per message
             message = new(cls)
             message.id = buf[pos + 18 : pos + 34]
             message.timestamp = timestamp

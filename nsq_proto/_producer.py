@@ -96,7 +96,8 @@ class _PConn:
     connected: bool = False
     #: a command was charged with the connection's end (see behind_the_cause)
     blamed: bool = False
-    #: kept for a request that goes alone (see PublishQueue.assign), while it is unanswered
+    #: the request last assigned to it goes alone (see PublishQueue.assign): nothing else
+    #: goes on it while that one is unanswered
     alone: bool = False
 
     def behind_the_cause(self, error: NSQError) -> bool:
@@ -133,12 +134,10 @@ class _ConnectionPool:
             if address is not None and rec.address != address:
                 continue
             load = len(rec.outstanding) + rec.assigned
-            if rec.alone:
-                if load:
-                    continue  # kept for its request alone
-                rec.alone = False  # answered
             if rec.conn.state is not ConnectionState.READY or load >= cap:
                 continue
+            if rec.alone and load:
+                continue  # kept for a request alone
             if best is None or load < best_load:
                 best = rec
                 best_load = load
@@ -147,16 +146,13 @@ class _ConnectionPool:
     def take(self, conn_id: ConnId, alone: bool = False) -> None:
         rec = self._conns[conn_id]
         rec.assigned += 1
-        if alone:
-            rec.alone = True
+        # (picked: idle, or not kept, so this request says whether it is kept now)
+        rec.alone = alone
 
     def room(self, cap: int) -> bool:
-        """Some ready connection has fewer than ``cap`` commands unanswered (and is not kept
-        for a request alone)."""
+        """Some ready connection has fewer than ``cap`` commands unanswered."""
         return any(
-            rec.conn.state is ConnectionState.READY
-            and len(rec.outstanding) < cap
-            and not (rec.alone and rec.outstanding)
+            rec.conn.state is ConnectionState.READY and len(rec.outstanding) < cap
             for rec in self._conns.values()
         )
 

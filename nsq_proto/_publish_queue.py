@@ -90,7 +90,8 @@ class Request:
     hashed: tuple[int, int] | None = None
     #: never coalesced with others (a coalesced MPUB carrying it was refused for a body)
     alone: bool = False
-    #: last sent with the connection to itself (over what nsqd was known to take)
+    #: last sent over what nsqd was known to take, so alone on its connection (see
+    #: assign): its acknowledgement says nsqd takes that much
     isolated: bool = False
 
 
@@ -165,6 +166,15 @@ def _mpub_body_size(req: Request) -> int:
     """The body of ``req`` sent as an MPUB: the message count and each message."""
     extra = 4 if req.ext is None else 6 + len(req.ext)
     return 4 + sum(len(body) + extra for body in req.bodies)
+
+
+def _limit_named(error: NSQError, code: str, pattern: re.Pattern[str]) -> int | None:
+    """The size limit nsqd named in ``error``, a refusal ``code`` whose text ``pattern``
+    reads (``... too big 1048577 > 1048576``); None for any other error."""
+    if not isinstance(error, ServerError) or error.code != code:
+        return None
+    match = pattern.search(error.text)
+    return None if match is None else int(match.group(1))
 
 
 class PublishQueue:
@@ -278,22 +288,19 @@ class PublishQueue:
             self._release(req)
         if req.isolated:  # nsqd took it: it takes that much
             self.msg_limit = max(self.msg_limit, _largest(req))
-            self.body_limit = max(self.body_limit, _mpub_body_size(req))
+            if req.kind is Kind.MPUB:
+                self.body_limit = max(self.body_limit, _mpub_body_size(req))
         self.requests.pop(req.request_id, None)
 
     def refused(self, error: NSQError) -> None:
         """nsqd refused a request with ``error``: when that names its limit of a message's
         or an MPUB's size, requests over it go alone from now on."""
-        if not isinstance(error, ServerError):
-            return
-        if error.code == "E_BAD_MESSAGE":
-            match = _TOO_BIG.search(error.text)
-            if match is not None:
-                self.msg_limit = int(match.group(1))
-        elif error.code == "E_BAD_BODY":
-            match = _BODY_TOO_BIG.search(error.text)
-            if match is not None:
-                self.body_limit = int(match.group(1))
+        limit = _limit_named(error, "E_BAD_MESSAGE", _TOO_BIG)
+        if limit is not None:
+            self.msg_limit = limit
+        limit = _limit_named(error, "E_BAD_BODY", _BODY_TOO_BIG)
+        if limit is not None:
+            self.body_limit = limit
 
     def _ends_connection(self, req: Request) -> bool:
         """``req`` is over what nsqd is known to take: nsqd may refuse it with a fatal error
@@ -332,10 +339,10 @@ class PublishQueue:
         counted (a neighbour's body failed it).  When nsqd named its message size limit
         (``MPUB message too big 1048577 > 1048576``), the bodies over it fail and the others
         go again coalesced; otherwise each goes again alone, so that only the bad one fails."""
-        match = _TOO_BIG.search(error.text) if error.code == "E_BAD_MESSAGE" else None
+        named = _limit_named(error, "E_BAD_MESSAGE", _TOO_BIG)
         limit = math.inf
-        if match is not None and all(req.ext is None for req in reqs):
-            limit = float(match.group(1))
+        if named is not None and all(req.ext is None for req in reqs):
+            limit = float(named)
         failed = [req for req in reqs if len(req.bodies[0]) > limit]
         for req in reqs:
             if len(req.bodies[0]) <= limit:

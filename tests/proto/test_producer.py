@@ -486,16 +486,23 @@ def test_a_big_body_nsqd_took_goes_as_any_other_afterwards() -> None:
     assert sends(core.outputs())[c] == cmd.pub("t", OVER_MSG_SIZE + b"y")
 
 
-def test_the_limit_nsqd_names_makes_bodies_over_it_go_alone() -> None:
-    core, ids = started(["n1:4150"], max_outstanding=4, max_coalesced_messages=1)
-    (c,) = ids.values()
-    core.publish("t", b"x" * 200, 0.0)
+def refused_for_its_size(core: Producer, c: int, refusal: bytes) -> int:
+    """nsqd refuses what was sent on ``c`` with ``refusal`` and closes it; the connection
+    that comes back at 1.5 s, its outputs taken."""
     core.outputs()
-    core.receive_data(c, error(b"E_BAD_MESSAGE PUB message too big 200 > 100"), 0.1)
+    core.receive_data(c, error(refusal), 0.1)
     core.connection_lost(c, 0.1)
     core.outputs()
     again = reconnected(core, 1.5)
     core.outputs()
+    return again
+
+
+def test_the_limit_nsqd_names_makes_bodies_over_it_go_alone() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=4, max_coalesced_messages=1)
+    (c,) = ids.values()
+    core.publish("t", b"x" * 200, 0.0)
+    again = refused_for_its_size(core, c, b"E_BAD_MESSAGE PUB message too big 200 > 100")
     core.publish("t", b"small", 2.0)
     core.publish("t", b"y" * 101, 2.0)
     core.publish("t", b"tail", 2.0)
@@ -517,6 +524,24 @@ def test_an_mpub_over_nsqds_body_limit_goes_alone() -> None:
     assert c not in sends(core.outputs())
     core.receive_data(c, response(b"OK"), 0.1)
     assert sends(core.outputs())[c] == cmd.mpub("t", bodies)
+
+
+def test_the_body_limit_nsqd_names_bounds_mpubs_and_sends_larger_ones_alone() -> None:
+    core, ids = started(["n1:4150"], max_outstanding=4)
+    (c,) = ids.values()
+    core.publish_many("t", [b"x" * 60, b"y" * 60], 0.0)
+    again = refused_for_its_size(core, c, b"E_BAD_BODY MPUB body too big 136 > 100")
+    core.publish("t", b"a", 2.0)
+    for _ in range(3):
+        core.publish("t", b"z" * 40, 2.0)
+    core.publish_many("t", [b"m" * 30] * 3, 2.0)  # 4 + 3 * (4 + 30) = 106 bytes
+    assert sends(core.outputs())[again] == cmd.pub("t", b"a")
+    core.handle_timer(2.0)
+    # coalesced up to the 100 bytes nsqd takes (4 + 2 * 44 = 92): the third alone; the
+    # MPUB over 100 bytes waits for an idle connection
+    assert sends(core.outputs())[again] == cmd.mpub("t", [b"z" * 40] * 2) + cmd.pub("t", b"z" * 40)
+    core.receive_data(again, response(b"OK") * 3, 2.1)
+    assert sends(core.outputs())[again] == cmd.mpub("t", [b"m" * 30] * 3)
 
 
 def test_publish_timeout_without_any_nsqd() -> None:

@@ -52,13 +52,14 @@ class FakePool:
         for conn_id, conn in self.conns.items():
             cap = 1 if alone else self.cap
             fits = (address is None or conn.address == address) and conn.load < cap
-            if fits and not conn.kept and (best is None or conn.load < self.conns[best].load):
+            fits = fits and not (conn.kept and conn.load)
+            if fits and (best is None or conn.load < self.conns[best].load):
                 best = conn_id
         return best
 
     def take(self, conn_id: int, alone: bool = False) -> None:
         self.conns[conn_id].load += 1
-        self.conns[conn_id].kept = self.conns[conn_id].kept or alone
+        self.conns[conn_id].kept = alone
 
     def partitioned(self, conn_id: int) -> bool:
         return self.conns[conn_id].partitioned
